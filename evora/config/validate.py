@@ -1,0 +1,163 @@
+"""Range and cross-field checks run before Ray starts.
+
+Each failure is one line: `<key>=<value>: <rule>`, naming the allowed values.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from evora.config.schema import VLLM_LORA_RANKS, ESConfig, RunConfig
+from evora.errors import ConfigError
+from evora.models import ModelLocation, locate_model
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ENGINES = ("vllm", "hf")
+TRACKERS = ("local", "wandb")
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def fail(key: str, value: Any, rule: str) -> ConfigError:
+    shown = json.dumps(value) if isinstance(value, str) else value
+    return ConfigError(f"{key}={shown}: {rule}")
+
+
+def require(ok: bool, key: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise fail(key, value, rule)
+
+
+def choice(key: str, value: Any, allowed: tuple) -> None:
+    require(value in allowed, key, value, "allowed: " + ", ".join(map(str, allowed)))
+
+
+def validate(run: RunConfig) -> None:
+    """Raise ConfigError for the first rule `run` breaks."""
+    for check in (_check_run, _check_model, _check_lora, _check_task, _check_strategy,
+                  _check_engine, _check_hardware, _check_tracking):
+        check(run)
+
+
+def _check_run(run: RunConfig) -> None:
+    require(run.generations >= 1, "generations", run.generations, "must be an integer >= 1")
+    require(run.eval_every >= 0, "eval_every", run.eval_every, "must be an integer >= 0 (0: start and end only)")
+    if run.resume is not None:
+        folder = Path(run.resume)
+        require(folder.is_dir(), "resume", run.resume, "run folder not found")
+        require((folder / "config.yaml").is_file(), "resume", run.resume, "not a run folder (no config.yaml)")
+
+
+def _check_model(run: RunConfig) -> None:
+    model = run.model
+    choice("model.dtype", model.dtype, DTYPES)
+    require(model.max_model_len >= 16, "model.max_model_len", model.max_model_len, "must be >= 16")
+    location = locate_model(model.path, key="model.path")
+    if model.tokenizer is not None:
+        locate_model(model.tokenizer, key="model.tokenizer")
+    _check_layers(run, location)
+
+
+def _check_layers(run: RunConfig, location: ModelLocation) -> None:
+    if run.lora.layers is None or not location.is_local:
+        return  # hub models are checked once their config is fetched, in the driver
+    config = json.loads((Path(location.path) / "config.json").read_text())
+    n_layers = config.get("num_hidden_layers") or config.get("n_layer")
+    if n_layers is None:
+        return
+    for layer in run.lora.layers:
+        require(0 <= layer < n_layers, "lora.layers", list(run.lora.layers),
+                f"layer {layer} out of range; allowed: 0..{n_layers - 1} ({n_layers} layers)")
+
+
+def _check_lora(run: RunConfig) -> None:
+    lora = run.lora
+    choice("lora.rank", lora.rank, VLLM_LORA_RANKS)
+    require(lora.alpha > 0, "lora.alpha", lora.alpha, "must be > 0")
+    require(len(lora.target_modules) > 0, "lora.target_modules", list(lora.target_modules),
+            "must name at least one module, e.g. [q_proj, v_proj]")
+    if lora.layers is not None:
+        layers = list(lora.layers)
+        require(len(layers) > 0, "lora.layers", layers, "must list at least one layer, or be null for all")
+        require(len(set(layers)) == len(layers), "lora.layers", layers, "layers must be distinct")
+
+
+def _check_task(run: RunConfig) -> None:
+    from evora.tasks import task_names
+
+    task = run.task
+    choice("task.name", task.name, task_names())
+    require(task.train_size >= 1, "task.train_size", task.train_size, "must be >= 1")
+    require(task.eval_size >= 1, "task.eval_size", task.eval_size, "must be >= 1")
+    require(1 <= task.prompts_per_generation <= task.train_size, "task.prompts_per_generation",
+            task.prompts_per_generation, f"must be in 1..task.train_size ({task.train_size})")
+    require(task.max_tokens >= 1, "task.max_tokens", task.max_tokens, "must be >= 1")
+    if task.data_path is not None:
+        require(Path(task.data_path).is_file(), "task.data_path", task.data_path, "file not found")
+
+
+def _check_es(es: ESConfig) -> None:
+    require(es.population >= 2, "strategy.population", es.population, "must be an integer >= 2")
+    if es.antithetic:
+        require(es.population % 2 == 0, "strategy.population", es.population,
+                "must be even when strategy.antithetic=true (allowed: 2, 4, 6, ...)")
+    require(es.sigma > 0, "strategy.sigma", es.sigma, "must be > 0")
+    require(es.lr > 0, "strategy.lr", es.lr, "must be > 0")
+    require(es.weight_decay >= 0, "strategy.weight_decay", es.weight_decay, "must be >= 0")
+    choice("strategy.shaping", es.shaping, ("zscore", "centered_rank", "none"))
+    choice("strategy.optimizer", es.optimizer, ("sgd", "adam"))
+    require(0 <= es.beta1 < 1, "strategy.beta1", es.beta1, "must be in [0, 1)")
+    require(0 <= es.beta2 < 1, "strategy.beta2", es.beta2, "must be in [0, 1)")
+    require(es.eps > 0, "strategy.eps", es.eps, "must be > 0")
+    choice("strategy.noise_scale", es.noise_scale, ("uniform", "per_layer"))
+    choice("strategy.init", es.init, ("random", "path"))
+    if es.init_a_std is not None:
+        require(es.init_a_std >= 0, "strategy.init_a_std", es.init_a_std, "must be >= 0, or null")
+    require(es.init_b_std >= 0, "strategy.init_b_std", es.init_b_std, "must be >= 0")
+    if es.init == "path":
+        path = es.init_path
+        require(path is not None and (Path(path) / "adapter_config.json").is_file(),
+                "strategy.init_path", path, "must be a PEFT adapter directory when strategy.init=path")
+
+
+STRATEGY_CHECKS: dict[type, Callable[[Any], None]] = {ESConfig: _check_es}
+
+
+def _check_strategy(run: RunConfig) -> None:
+    check = STRATEGY_CHECKS.get(type(run.strategy))
+    require(check is not None, "strategy", type(run.strategy).__name__,
+            "unknown strategy schema; allowed: " + ", ".join(c.__name__ for c in STRATEGY_CHECKS))
+    check(run.strategy)
+
+
+def _check_engine(run: RunConfig) -> None:
+    engine = run.engine
+    choice("engine.name", engine.name, ENGINES)
+    require(engine.max_loras >= 1, "engine.max_loras", engine.max_loras, "must be >= 1")
+    require(engine.max_num_seqs >= 1, "engine.max_num_seqs", engine.max_num_seqs, "must be >= 1")
+    require(Path(engine.adapter_dir).is_dir(), "engine.adapter_dir", engine.adapter_dir, "directory not found")
+
+
+def _check_hardware(run: RunConfig) -> None:
+    hw = run.hardware
+    if hw.num_workers is not None:
+        require(hw.num_workers >= 1, "hardware.num_workers", hw.num_workers, "must be >= 1, or null (one per GPU)")
+    require(hw.gpus_per_worker >= 0, "hardware.gpus_per_worker", hw.gpus_per_worker, "must be >= 0")
+    require(hw.num_workers is not None or hw.gpus_per_worker > 0, "hardware.num_workers", None,
+            "null (one per GPU) needs hardware.gpus_per_worker >= 1")
+    require(hw.cpus_per_worker >= 0, "hardware.cpus_per_worker", hw.cpus_per_worker, "must be >= 0")
+    require(hw.cpu_threads_per_worker >= 1, "hardware.cpu_threads_per_worker", hw.cpu_threads_per_worker,
+            "must be >= 1")
+    require(hw.driver_cpus >= 0, "hardware.driver_cpus", hw.driver_cpus, "must be >= 0")
+    require(0 < hw.gpu_memory_utilization <= 1, "hardware.gpu_memory_utilization", hw.gpu_memory_utilization,
+            "must be in (0, 1]")
+    require(hw.kv_cache_gib >= 0, "hardware.kv_cache_gib", hw.kv_cache_gib, "must be >= 0")
+
+
+def _check_tracking(run: RunConfig) -> None:
+    tracking = run.tracking
+    choice("tracking.name", tracking.name, TRACKERS)
+    choice("tracking.wandb_mode", tracking.wandb_mode, WANDB_MODES)
+    require(tracking.checkpoint_keep_every >= 0, "tracking.checkpoint_keep_every",
+            tracking.checkpoint_keep_every, "must be >= 0")

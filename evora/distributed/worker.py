@@ -1,0 +1,147 @@
+"""EngineWorker: one engine per GPU (or per CPU slot) that evaluates work units.
+
+A unit is a few candidate specs and prompt indices. The worker rebuilds each candidate
+from the generation's payload (fetched once from the object store) and its spec,
+writes it to tmpfs under a fresh LoRA id, runs one batched `generate` over every
+(candidate, prompt) pair, scores the completions with the task's reward and returns
+numbers only: rewards, token counts, timings, memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+
+from evora.config.schema import RunConfig
+from evora.engines import EngineSpec, create_engine
+from evora.engines.adapter_store import AdapterScratch
+from evora.lora.layout import AdapterLayout
+from evora.strategies import build_strategy
+from evora.strategies.base import CandidateSpec, materialise
+from evora.tasks import build_task
+from evora.tasks.base import score_completions
+
+ADAPTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    run: RunConfig
+    model_path: str  # resolved local directory or hub id
+    layout: AdapterLayout
+    noise_scales: dict[str, float]
+    run_tag: str  # names this run's tmpfs scratch folders
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    specs: tuple[CandidateSpec, ...]
+    split: str  # train | heldout
+    prompt_indices: tuple[int, ...]
+    keep_texts: bool = False
+
+
+@dataclass
+class UnitResult:
+    indices: list[int]  # spec.index of each row
+    rewards: np.ndarray  # [candidates, prompts]
+    tokens: np.ndarray  # [candidates, prompts]
+    reward_errors: int
+    timings: dict[str, float]
+    worker: int
+    rss_mb: float
+    texts: list[list[str]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def engine_spec(run: RunConfig, model_path: str, worker_slots: int) -> EngineSpec:
+    hw, engine = run.hardware, run.engine
+    return EngineSpec(
+        model=model_path, tokenizer=run.model.tokenizer, revision=run.model.revision, dtype=run.model.dtype,
+        max_model_len=run.model.max_model_len, max_lora_rank=run.lora.rank, max_loras=engine.max_loras,
+        max_cpu_loras=max(engine.max_loras, worker_slots), max_num_seqs=engine.max_num_seqs,
+        enforce_eager=engine.enforce_eager, tensor_parallel_size=max(1, hw.gpus_per_worker),
+        gpu_memory_utilization=hw.gpu_memory_utilization, kv_cache_gib=hw.kv_cache_gib,
+        cpu_threads=hw.cpu_threads_per_worker, seed=run.seed, trust_remote_code=run.model.trust_remote_code,
+        device="cuda" if hw.gpus_per_worker > 0 else "cpu", vllm_args=dict(engine.vllm_args),
+    )
+
+
+def adapter_dtype(run: RunConfig, model_path: str) -> torch.dtype:
+    """Candidates are materialised in the engine's dtype (DESIGN §2, decision 3)."""
+    name = run.model.dtype
+    if name == "auto":
+        config_file = Path(model_path) / "config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return ADAPTER_DTYPES.get(name, torch.float32)
+
+
+def process_tree_rss_mb() -> float:
+    me = psutil.Process()
+    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**20
+
+
+class EngineWorker:
+    def __init__(self, spec: WorkerSpec, index: int):
+        run = spec.run
+        self.index = index
+        self.layout = spec.layout
+        self.max_tokens = run.task.max_tokens
+        self.penalty = run.task.reward_penalty
+        torch.set_num_threads(run.hardware.cpu_threads_per_worker)
+        self.task = build_task(run.task, run.seed)
+        self.splits = self.task.splits()
+        self.strategy = build_strategy(run.strategy, run.seed, spec.noise_scales)
+        self.dtype = adapter_dtype(run, spec.model_path)
+        self.engine = create_engine(run.engine.name, engine_spec(run, spec.model_path, run.engine.max_loras))
+        self.scratch = AdapterScratch(run.engine.adapter_dir, spec.run_tag)
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"worker": self.index, "pid": os.getpid(), "node": context.get_node_id(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def evaluate(self, payload: Any, unit: WorkUnit) -> UnitResult:
+        start = time.perf_counter()
+        refs = []
+        for spec in unit.specs:
+            tensors = materialise(self.strategy, payload, spec)
+            refs.append(None if tensors is None else self.scratch.write(spec.label, tensors, self.layout, self.dtype))
+        materialised = time.perf_counter()
+        examples = [self.splits.get(unit.split)[i] for i in unit.prompt_indices]
+        prompts = [e.prompt for e in examples]
+        completions = self.engine.generate([p for _ in refs for p in prompts],
+                                           [r for r in refs for _ in prompts], self.max_tokens)
+        generated = time.perf_counter()
+        n = len(prompts)
+        rows = [completions[i * n:(i + 1) * n] for i in range(len(refs))]
+        scores = [score_completions(self.task, [c.text for c in row], examples, self.penalty) for row in rows]
+        scored = time.perf_counter()
+        loaded = [r for r in refs if r is not None]
+        self.engine.release(loaded)
+        self.scratch.remove(loaded)
+        return UnitResult(
+            indices=[s.index for s in unit.specs],
+            rewards=np.array([s.rewards for s in scores], dtype=np.float64),
+            tokens=np.array([[c.num_tokens for c in row] for row in rows], dtype=np.int64),
+            reward_errors=sum(s.errors for s in scores),
+            timings={"materialise": materialised - start, "generate": generated - materialised,
+                     "reward": scored - generated, "release": time.perf_counter() - scored},
+            worker=self.index, rss_mb=process_tree_rss_mb(),
+            texts=[[c.text for c in row] for row in rows] if unit.keep_texts else None,
+        )
+
+    def shutdown(self) -> None:
+        self.scratch.cleanup()
+        self.engine.shutdown()

@@ -1,0 +1,48 @@
+"""Candidate adapters on tmpfs (`/dev/shm`), each under a fresh LoRA id, removed after use.
+
+Folders are named `evora-<run tag>-<pid>`, so the driver can also sweep away what a
+killed worker left behind (`sweep_run_scratch`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import weakref
+from pathlib import Path
+
+import torch
+
+from evora.engines.base import AdapterRef
+from evora.lora.layout import AdapterLayout
+from evora.lora.peft_io import save_adapter
+
+
+class AdapterScratch:
+    def __init__(self, root: str, run_tag: str):
+        self.dir = Path(root) / f"evora-{run_tag}-{os.getpid()}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._next_id = 1
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.dir), True)
+
+    def write(self, label: str, tensors: dict[str, torch.Tensor], layout: AdapterLayout,
+              dtype: torch.dtype) -> AdapterRef:
+        lora_id = self._next_id
+        self._next_id += 1
+        path = save_adapter(self.dir / str(lora_id), tensors, layout, dtype)
+        return AdapterRef(lora_id, f"{label}#{lora_id}", str(path))
+
+    def remove(self, refs: list[AdapterRef]) -> None:
+        for ref in refs:
+            shutil.rmtree(ref.path, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        self._finalizer()
+
+
+def sweep_run_scratch(root: str, run_tag: str) -> int:
+    """Remove every scratch folder of a run; returns how many were left behind."""
+    leftovers = list(Path(root).glob(f"evora-{run_tag}-*"))
+    for folder in leftovers:
+        shutil.rmtree(folder, ignore_errors=True)
+    return len(leftovers)

@@ -1,0 +1,56 @@
+"""The engine protocol: batched greedy generation over (adapter, prompt) pairs.
+
+Engines load adapters by path (PEFT layout) under an id that is never reused: vLLM
+caches adapters by id, so a reused id would silently serve old weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    lora_id: int  # fresh for every candidate
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    model: str  # local directory or hub id
+    tokenizer: str | None = None
+    revision: str | None = None
+    dtype: str = "auto"
+    max_model_len: int = 512
+    max_lora_rank: int = 8
+    max_loras: int = 8
+    max_cpu_loras: int = 16
+    max_num_seqs: int = 256
+    enforce_eager: bool = True
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.05
+    kv_cache_gib: int = 1
+    cpu_threads: int = 1
+    seed: int = 0
+    trust_remote_code: bool = False
+    device: str = "cpu"  # cpu | cuda
+    vllm_args: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    def generate(self, prompts: Sequence[str], adapters: Sequence[AdapterRef | None],
+                 max_tokens: int) -> list[Completion]:
+        """Greedy completions; adapters[i] (None: the base model) applies to prompts[i]."""
+
+    def release(self, adapters: Sequence[AdapterRef]) -> None:
+        """Drop adapters from the engine's caches."""
+
+    def shutdown(self) -> None: ...

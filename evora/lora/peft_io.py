@@ -1,0 +1,62 @@
+"""Adapters on disk in PEFT's layout: adapter_config.json + adapter_model.safetensors.
+
+vLLM ignores `layers_to_transform`, so only the chosen layers' tensors are written:
+both PeftModel and vLLM then apply exactly the same modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from evora.lora.layout import AdapterLayout
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def adapter_config(layout: AdapterLayout) -> dict:
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": layout.base_model,
+        "r": layout.rank,
+        "lora_alpha": layout.alpha,
+        "target_modules": list(layout.target_modules),
+        "layers_to_transform": None if layout.layers is None else list(layout.layers),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "init_lora_weights": True,
+        "inference_mode": True,
+    }
+
+
+def save_adapter(directory: str | os.PathLike, tensors: dict[str, torch.Tensor], layout: AdapterLayout,
+                 dtype: torch.dtype | None = None) -> Path:
+    """Write `tensors` (PEFT names) as an adapter folder; `dtype` casts (the engine's dtype)."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    shapes = layout.shapes()
+    if set(tensors) != set(shapes):
+        raise ValueError(f"adapter tensors do not match the layout: {sorted(set(tensors) ^ set(shapes))[:4]}")
+    out = {name: (t.to(dtype) if dtype is not None else t).contiguous() for name, t in tensors.items()}
+    save_file(out, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    (folder / CONFIG_FILE).write_text(json.dumps(adapter_config(layout), indent=2))
+    return folder
+
+
+def load_adapter_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The adapter's tensors in fp32 (master precision)."""
+    return {k: v.float() for k, v in load_file(str(Path(directory) / WEIGHTS_FILE)).items()}
+
+
+def read_adapter_config(directory: str | os.PathLike) -> dict:
+    return json.loads((Path(directory) / CONFIG_FILE).read_text())

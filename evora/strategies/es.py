@@ -1,0 +1,108 @@
+"""Evolution strategies over LoRA tensors (Salimans et al. 2017; Qiu et al. 2025).
+
+    theta <- theta + lr * 1/(N sigma) * sum_i w_i eps_i      (SGD; Adam optional)
+
+with w the shaped fitness, eps_i ~ N(0, I) per tensor from `lora.noise`, antithetic pairs
+(eps, -eps) sharing one draw, optional per-tensor sigma multipliers (per-layer scale)
+and decoupled weight decay. Master weights stay fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from evora.config.schema import ESConfig
+from evora.lora.noise import member_noise
+from evora.strategies.base import CandidateSpec, Tensors
+from evora.strategies.shaping import shape
+
+
+class EvolutionStrategy:
+    def __init__(self, cfg: ESConfig, run_seed: int, noise_scales: dict[str, float] | None = None):
+        self.cfg = cfg
+        self.run_seed = run_seed
+        self.noise_scales = dict(noise_scales or {})
+
+    def sigma_of(self, tensor_name: str) -> float:
+        return self.cfg.sigma * self.noise_scales.get(tensor_name, 1.0)
+
+    def population(self, generation: int) -> list[CandidateSpec]:
+        if self.cfg.antithetic:
+            return [CandidateSpec(generation, i, member=i // 2, sign=1 if i % 2 == 0 else -1)
+                    for i in range(self.cfg.population)]
+        return [CandidateSpec(generation, i, member=i) for i in range(self.cfg.population)]
+
+    def noise(self, generation: int, member: int, name: str, shape_: tuple[int, ...]) -> torch.Tensor:
+        return member_noise(self.run_seed, generation, member, name, shape_)
+
+    # --- ask / tell -----------------------------------------------------------------
+
+    def initial_state(self, adapter: Tensors) -> dict[str, Any]:
+        theta = {k: v.detach().to(torch.float32).clone() for k, v in adapter.items()}
+        state: dict[str, Any] = {"theta": theta, "step": 0}
+        if self.cfg.optimizer == "adam":
+            state["adam_m"] = {k: torch.zeros_like(v) for k, v in theta.items()}
+            state["adam_v"] = {k: torch.zeros_like(v) for k, v in theta.items()}
+        return state
+
+    def ask(self, state: dict[str, Any], generation: int) -> tuple[list[CandidateSpec], dict[str, Any]]:
+        return self.population(generation), {"generation": generation, "theta": state["theta"]}
+
+    def materialise(self, payload: dict[str, Any], spec: CandidateSpec) -> Tensors:
+        theta = payload["theta"]
+        return {k: v + (spec.sign * self.sigma_of(k)) * self.noise(spec.generation, spec.member, k, tuple(v.shape))
+                for k, v in theta.items()}
+
+    def gradient(self, theta: Tensors, specs: list[CandidateSpec], fitness: np.ndarray) -> Tensors:
+        """1/(N sigma_k) * sum_i w_i sign_i eps_i, one noise draw per member, in a fixed order."""
+        if [s.index for s in specs] != list(range(len(specs))):
+            raise ValueError("specs must be the whole population in index order")
+        weights = shape(fitness, self.cfg.shaping)
+        coefficient: dict[int, float] = {}
+        for spec, w in zip(specs, weights):
+            coefficient[spec.member] = coefficient.get(spec.member, 0.0) + float(w) * spec.sign
+        generation = specs[0].generation
+        grad = {}
+        for name, value in theta.items():
+            acc = torch.zeros_like(value)
+            for member in sorted(coefficient):
+                if coefficient[member] != 0.0:
+                    acc.add_(self.noise(generation, member, name, tuple(value.shape)), alpha=coefficient[member])
+            grad[name] = acc / (len(specs) * self.sigma_of(name))
+        return grad
+
+    def tell(self, state: dict[str, Any], specs: list[CandidateSpec], fitness: np.ndarray
+             ) -> tuple[dict[str, Any], dict[str, float]]:
+        theta = state["theta"]
+        grad = self.gradient(theta, specs, fitness)
+        step = state["step"] + 1
+        new_state: dict[str, Any] = {"step": step}
+        if self.cfg.optimizer == "adam":
+            direction, new_state["adam_m"], new_state["adam_v"] = self._adam(state, grad, step)
+        else:
+            direction = grad
+        lr, decay = self.cfg.lr, self.cfg.weight_decay
+        new_state["theta"] = {k: theta[k] + lr * direction[k] - (lr * decay) * theta[k] for k in theta}
+        stats = {
+            "grad_norm": _norm(grad),
+            "update_norm": _norm({k: new_state["theta"][k] - theta[k] for k in theta}),
+            "theta_norm": _norm(new_state["theta"]),
+        }
+        return new_state, stats
+
+    def _adam(self, state: dict[str, Any], grad: Tensors, step: int) -> tuple[Tensors, Tensors, Tensors]:
+        b1, b2, eps = self.cfg.beta1, self.cfg.beta2, self.cfg.eps
+        m = {k: b1 * state["adam_m"][k] + (1 - b1) * g for k, g in grad.items()}
+        v = {k: b2 * state["adam_v"][k] + (1 - b2) * g * g for k, g in grad.items()}
+        direction = {k: (m[k] / (1 - b1**step)) / ((v[k] / (1 - b2**step)).sqrt() + eps) for k in grad}
+        return direction, m, v
+
+    def center(self, state: dict[str, Any]) -> Tensors:
+        return state["theta"]
+
+
+def _norm(tensors: Tensors) -> float:
+    return float(torch.sqrt(sum((t.double() ** 2).sum() for t in tensors.values())))

@@ -1,0 +1,1 @@
+"""Run state on disk (checkpoints, metrics, config) and on the console / W&B."""

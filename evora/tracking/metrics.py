@@ -1,0 +1,77 @@
+"""Metrics sinks: metrics.jsonl always, W&B when tracking=wandb. The driver calls
+`log` once per generation with one flat record; strategies never log themselves."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+
+from evora.tracking.run_dir import METRICS_FILE
+
+
+class MetricsSink(Protocol):
+    def log(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class JsonlSink:
+    def __init__(self, run_dir: str | Path, completed_generations: int | None = None):
+        self.path = Path(run_dir) / METRICS_FILE
+        if completed_generations is not None:
+            self._truncate(completed_generations)
+        self.handle = open(self.path, "a")
+
+    def _truncate(self, completed: int) -> None:
+        """On resume, drop lines of generations the checkpoint does not cover (they are redone)."""
+        if not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("generation", -1) <= completed]
+        self.path.write_text("".join(line + "\n" for line in keep))
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.handle.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class WandbSink:
+    """One W&B run per evora run; its id is kept in the run folder so a resume continues it."""
+
+    def __init__(self, run_dir: str | Path, *, project: str, entity: str | None, group: str | None, name: str,
+                 mode: str, config: dict[str, Any]):
+        import wandb
+
+        id_file = Path(run_dir) / "wandb_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id)
+        self.run = wandb.init(project=project, entity=entity, group=group, name=name, mode=mode, id=run_id,
+                              resume="allow", dir=str(run_dir), config=config)
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.run.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None},
+                     step=int(record.get("generation", 0)))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

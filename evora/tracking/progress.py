@@ -1,0 +1,56 @@
+"""The console: a progress bar over generations and a one-line summary of each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+def _fmt(value: float | None) -> str:
+    return "  -  " if value is None else f"{value:.3f}"
+
+
+def generation_line(s: dict[str, Any]) -> str:
+    heldout = f"  held-out {_fmt(s['heldout_reward'])}" if s.get("heldout_reward") is not None else ""
+    return (f"gen {s['generation']:>4}/{s['generations']}  reward {_fmt(s['reward_mean'])} "
+            f"[p20 {_fmt(s['reward_p20'])} p80 {_fmt(s['reward_p80'])} max {_fmt(s['reward_max'])}]"
+            f"{heldout}  {s['seconds']:.1f}s  {s['tokens_per_second']:,.0f} tok/s")
+
+
+def final_lines(s: dict[str, Any]) -> list[str]:
+    return [f"held-out reward: base model {_fmt(s['base_heldout'])} -> final mean adapter {_fmt(s['final_heldout'])}"
+            f" (best {_fmt(s['best_heldout'])} at generation {s['best_generation']})",
+            f"run folder: {s['run_dir']}  (adapters/mean, adapters/best: PEFT layout)"]
+
+
+class ConsoleProgress:
+    def __init__(self, enabled: bool = True, console: Console | None = None):
+        self.console = console or Console(soft_wrap=True, markup=False, highlight=False)
+        self.progress = Progress(TextColumn("evolving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TimeRemainingColumn(), console=self.console, disable=not enabled, transient=True)
+        self.task = None
+
+    def __enter__(self) -> "ConsoleProgress":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def handle(self, summary: dict[str, Any]) -> None:
+        kind = summary["kind"]
+        if kind == "start":
+            resumed = f", resumed at generation {summary['start']}" if summary["resumed"] else ""
+            self.console.print(f"{summary['workers']} engine worker(s), {summary['adapter_parameters']:,} adapter "
+                               f"parameters, set-up {summary['setup_seconds']:.0f}s{resumed}; held-out reward of "
+                               f"the base model {_fmt(summary['base_heldout'])}")
+            self.task = self.progress.add_task("generations", total=summary["generations"],
+                                               completed=summary["start"])
+        elif kind == "generation":
+            self.console.print(generation_line(summary))
+            self.progress.update(self.task, completed=summary["generation"])
+        elif kind == "final":
+            for line in final_lines(summary):
+                self.console.print(line)

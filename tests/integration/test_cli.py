@@ -1,0 +1,157 @@
+"""End-to-end runs of the real `evora` CLI: local Ray, vLLM CPU engine workers, the tiny
+model. Runs are shared between tests through a module-level cache."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import only_run_dir, run_evora
+from evora.tracking.checkpoint import load
+from evora.tracking.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+# A small, fast variant of the quickstart: 8 candidates in units of 4, so two workers share work.
+SMALL = ["strategy.population=8", "engine.max_loras=4", "task.prompts_per_generation=16", "task.eval_size=64",
+         "eval_every=2"]
+
+
+@functools.lru_cache(maxsize=None)
+def cli_run(*args: str) -> tuple[Path, str]:
+    """Run evora once per distinct argument list; returns (run folder, stdout)."""
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    result = run_evora([f"tracking.out_dir={out}", *args], cwd=out)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return only_run_dir(out), result.stdout
+
+
+def mean_adapter(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "adapters" / "mean" / "adapter_model.safetensors"))
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+# --- bad input: one line, exit code 2, before Ray starts --------------------------------
+
+@pytest.mark.parametrize("override,key", [
+    ("strategy=bogus", "strategy=bogus: unknown option; allowed: es"),
+    ("strategy.population=1", "strategy.population=1"),
+    ("strategy.population=5", "strategy.population=5: must be even"),
+    ("lora.rank=3", "lora.rank=3: allowed: 1, 8"),
+    ("model.path=/missing/model/dir", "model.path=\"/missing/model/dir\""),
+    ("strategy.sigma=0.1)", "malformed override"),
+])
+def test_bad_input_fails_in_one_line_before_ray_starts(override, key, tmp_path):
+    ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
+    result = run_evora([override, f"tracking.out_dir={tmp_path}"], cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("evora: error: ") and key in lines[0], result.stderr
+    assert not any(ray_tmp.iterdir()), "Ray was started"
+    assert not any(tmp_path.iterdir()), "a run folder was created"
+    shutil.rmtree(ray_tmp)
+
+
+# --- a short run: outputs and run folder ------------------------------------------------
+
+def test_run_folder_outputs_and_console(tmp_path):
+    run_dir, stdout = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    assert (run_dir / "config.yaml").is_file()
+    records = read_metrics(run_dir)
+    assert [r["generation"] for r in records] == [0, 1, 2, 3]
+    assert "base_heldout_reward" in records[0] and "heldout_reward" in records[0]
+    for r in records[1:]:
+        for key in ("reward_mean", "reward_min", "reward_max", "reward_p20", "reward_p80", "tokens",
+                    "seconds_materialise", "seconds_generate", "seconds_reward", "seconds_update"):
+            assert key in r, key
+        assert r["reward_min"] <= r["reward_p20"] <= r["reward_p80"] <= r["reward_max"]
+        assert r["tokens"] > 0
+    assert "heldout_reward" in records[2] and "heldout_reward" in records[3]
+    assert load(run_dir / "checkpoints" / "latest.pt")["next_generation"] == 3
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert summary["final_heldout"] == records[3]["heldout_reward"]
+    assert "gen    3/3" in stdout and "held-out reward: base model" in stdout
+    assert not list(Path("/dev/shm").glob("evora-*")), "adapters left in /dev/shm"
+
+
+def test_exported_adapters_load_in_peft(tiny_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    for name in ("mean", "best"):
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), str(run_dir / "adapters" / name))
+        assert model.peft_config["default"].r == 1
+
+
+# --- determinism -------------------------------------------------------------------------
+
+def test_one_worker_and_two_workers_give_the_bitwise_same_mean_adapter():
+    two, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    one, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=1")
+    assert_bitwise_equal(mean_adapter(one), mean_adapter(two))
+    # and the run actually moved: the mean is not the initial adapter any more
+    assert load(one / "checkpoints" / "latest.pt")["strategy_state"]["step"] == 3
+    fitness_one = [r["reward_mean"] for r in read_metrics(one)[1:]]
+    assert fitness_one == [r["reward_mean"] for r in read_metrics(two)[1:]]
+
+
+def test_resume_after_generation_2_of_4_equals_the_uninterrupted_run():
+    whole, _ = cli_run(*SMALL, "generations=4", "hardware.num_workers=2")
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    first = run_evora([f"tracking.out_dir={out}", *SMALL, "generations=2", "hardware.num_workers=2"], cwd=out)
+    assert first.returncode == 0, first.stderr[-4000:]
+    part = only_run_dir(out)
+    second = run_evora([f"resume={part}", "generations=4"], cwd=out)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed at generation 2" in second.stdout
+    assert_bitwise_equal(mean_adapter(part), mean_adapter(whole))
+    assert [r["generation"] for r in read_metrics(part)] == [0, 1, 2, 3, 4]
+    assert [r["reward_mean"] for r in read_metrics(part)[1:]] == [r["reward_mean"] for r in read_metrics(whole)[1:]]
+
+
+def test_resume_refuses_to_change_the_trajectory(tmp_path):
+    run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    result = run_evora([f"resume={run_dir}", "strategy.sigma=0.5"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "strategy.sigma: cannot change when resuming" in result.stderr
+
+
+# --- memory ------------------------------------------------------------------------------
+
+def test_worker_memory_is_flat_over_30_generations():
+    run_dir, _ = cli_run("strategy.population=8", "engine.max_loras=4", "task.prompts_per_generation=16",
+                         "task.eval_size=64", "eval_every=0", "generations=30", "hardware.num_workers=2")
+    records = {r["generation"]: r for r in read_metrics(run_dir)}
+    at5, at30 = records[5]["worker_rss_mb"], records[30]["worker_rss_mb"]
+    for worker in at5:
+        assert abs(at30[worker] - at5[worker]) <= 0.05 * at5[worker], (worker, at5[worker], at30[worker])
+
+
+# --- W&B ---------------------------------------------------------------------------------
+
+def test_wandb_offline_run_is_written_without_secrets(tmp_path):
+    fake_key = "local-0123456789abcdef0123456789abcdef01234567"
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    result = run_evora([f"tracking.out_dir={out}", *SMALL, "generations=2", "tracking=wandb",
+                        "tracking.wandb_mode=offline"], cwd=out, env={"WANDB_API_KEY": fake_key})
+    assert result.returncode == 0, result.stderr[-4000:]
+    run_dir = only_run_dir(out)
+    offline = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1
+    assert list(offline[0].glob("*.wandb"))
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert fake_key.encode() not in path.read_bytes(), path

@@ -1,0 +1,52 @@
+import json
+import subprocess
+import sys
+
+import torch
+
+from evora.tracking.checkpoint import atomic_save, load
+from evora.tracking.metrics import JsonlSink, read_metrics
+from evora.tracking.run_dir import redact
+
+
+def test_atomic_save_roundtrip_of_plain_state(tmp_path):
+    state = {"theta": {"a": torch.randn(3, 4)}, "step": 3, "best": None, "x": [1.5, "s"]}
+    atomic_save(state, tmp_path / "c" / "latest.pt")
+    again = load(tmp_path / "c" / "latest.pt")
+    assert torch.equal(again["theta"]["a"], state["theta"]["a"]) and again["step"] == 3
+    assert [p.name for p in (tmp_path / "c").iterdir()] == ["latest.pt"]
+
+
+def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "latest.pt"
+    atomic_save({"step": 1}, path)
+    # A child that dies (SIGKILL-equivalent os._exit) in the middle of torch.save.
+    code = f"""
+import os, torch
+import evora.tracking.checkpoint as c
+real = torch.save
+def dying_save(obj, handle):
+    handle.write(b"partial bytes of a torn checkpoint")
+    handle.flush()
+    os._exit(9)
+torch.save = dying_save
+c.atomic_save({{"step": 2}}, {str(path)!r})
+"""
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 9
+    assert load(path) == {"step": 1}
+
+
+def test_jsonl_sink_truncates_uncovered_generations_on_resume(tmp_path):
+    sink = JsonlSink(tmp_path)
+    for generation in range(5):
+        sink.log({"generation": generation, "reward_mean": generation / 10, "x": float("nan")})
+    sink.close()
+    assert read_metrics(tmp_path)[0]["x"] is None  # NaN is not JSON
+    JsonlSink(tmp_path, completed_generations=2).close()
+    assert [r["generation"] for r in read_metrics(tmp_path)] == [0, 1, 2]
+
+
+def test_redaction_hides_keys_and_tokens():
+    cfg = {"tracking": {"wandb_api_key": "sk-123", "name": "w"}, "hf_token": "hf_x", "nested": [{"secret": "s"}]}
+    out = json.dumps(redact(cfg))
+    assert "sk-123" not in out and "hf_x" not in out and '"s"' not in out and '"w"' in out

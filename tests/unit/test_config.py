@@ -1,0 +1,82 @@
+"""Every shipped config composes and validates; bad values fail with one line naming the key."""
+
+import dataclasses
+
+import pytest
+
+from evora.config.compose import GROUPS, compose_run, expand_jobs, group_options, overrides_of, preflight
+from evora.config.schema import ESConfig, RunConfig
+from evora.errors import ConfigError
+
+
+def test_default_is_the_quickstart():
+    run = compose_run([])
+    assert isinstance(run, RunConfig) and isinstance(run.strategy, ESConfig)
+    assert run.model.path == "evora:tiny" and run.hardware.name == "cpu" and run.engine.name == "vllm"
+    assert run.task.name == "addition"
+    assert run.lora.target_modules == ["down_proj"]  # from tuning/tiny_es.yaml
+
+
+def test_paper_defaults_in_strategy_es():
+    run = compose_run(["model=qwen2_5_0_5b"])  # no tuning file: es.yaml as written
+    assert (run.strategy.population, run.strategy.sigma, run.strategy.lr) == (30, 0.001, 5e-4)
+    assert run.strategy.shaping == "zscore"
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_option_of_every_group_composes(group):
+    options = group_options(group)
+    assert options
+    for option in options:
+        run = compose_run([f"{group}={option}"])
+        assert getattr(run, group).name == option or group == "model"
+
+
+def test_configs_are_frozen():
+    run = compose_run([])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.strategy.sigma = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("strategy=nope", "strategy=nope: unknown option; allowed: es"),
+    ("model=gpt5", "model=gpt5: unknown option; allowed: llama3_2_1b,"),
+    ("strategy.population=1", "strategy.population=1: must be an integer >= 2"),
+    ("strategy.population=7", "strategy.population=7: must be even when strategy.antithetic=true"),
+    ("lora.rank=3", "lora.rank=3: allowed: 1, 8, 16, 32, 64, 128, 256, 320, 512"),
+    ("model.path=/no/such/model", 'model.path="/no/such/model": directory not found'),
+    ("strategy.sigma=[1,", "malformed override 'strategy.sigma=[1,'"),
+    ("strategy.population=abc", "strategy.population: Value 'abc' of type 'str' could not be converted"),
+    ("strategy.bogus=1", "strategy.bogus: unknown key; allowed: name, population, sigma"),
+    ("lora.layers=[7]", "lora.layers=[7]: layer 7 out of range; allowed: 0..1"),
+    ("strategy.shaping=rank", "strategy.shaping=\"rank\": allowed: zscore, centered_rank, none"),
+    ("task.prompts_per_generation=99999", "task.prompts_per_generation=99999: must be in 1..task.train_size"),
+    ("hardware.gpu_memory_utilization=1.5", "hardware.gpu_memory_utilization=1.5: must be in (0, 1]"),
+    ("resume=/no/such/run", 'resume="/no/such/run": run folder not found'),
+])
+def test_bad_values_name_the_key_and_allowed_values(override, message):
+    with pytest.raises(ConfigError) as error:
+        compose_run([override])
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_multirun_jobs_are_each_validated():
+    assert len(expand_jobs(["strategy.population=2,4,6", "seed=0,1"])) == 6
+    assert len(preflight(["-m", "seed=0,1"])) == 2
+    with pytest.raises(ConfigError, match="strategy.population=3"):
+        preflight(["-m", "strategy.population=2,3"])
+
+
+def test_hydra_print_flags_skip_the_preflight():
+    assert overrides_of(["--cfg", "job", "seed=1"]) is None
+    assert overrides_of(["-m", "seed=1", "hydra.verbose=true"]) == ["seed=1", "hydra.verbose=true"]
+
+
+def test_vllm_lora_ranks_match_the_installed_vllm():
+    vllm_lora = pytest.importorskip("vllm.config.lora")
+    from typing import get_args
+
+    from evora.config.schema import VLLM_LORA_RANKS
+
+    assert tuple(get_args(vllm_lora.MaxLoRARanks)) == VLLM_LORA_RANKS
