@@ -74,6 +74,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     enforce_eager: bool = True
     adapter_dir: str = "/dev/shm"
+    ignore_eos: bool = False  # generate exactly task.max_tokens tokens (benchmarks)
     vllm_args: dict[str, Any] = field(default_factory=dict)
 
 

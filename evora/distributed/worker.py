@@ -71,7 +71,8 @@ def engine_spec(run: RunConfig, model_path: str, worker_slots: int) -> EngineSpe
         enforce_eager=engine.enforce_eager, tensor_parallel_size=max(1, hw.gpus_per_worker),
         gpu_memory_utilization=hw.gpu_memory_utilization, kv_cache_gib=hw.kv_cache_gib,
         cpu_threads=hw.cpu_threads_per_worker, seed=run.seed, trust_remote_code=run.model.trust_remote_code,
-        device="cuda" if hw.gpus_per_worker > 0 else "cpu", vllm_args=dict(engine.vllm_args),
+        device="cuda" if hw.gpus_per_worker > 0 else "cpu", ignore_eos=engine.ignore_eos,
+        vllm_args=dict(engine.vllm_args),
     )
 
 

@@ -42,6 +42,7 @@ class EngineSpec:
     seed: int = 0
     trust_remote_code: bool = False
     device: str = "cpu"  # cpu | cuda
+    ignore_eos: bool = False  # always generate max_tokens tokens
     vllm_args: dict[str, Any] = field(default_factory=dict)
 
 

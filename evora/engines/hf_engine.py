@@ -68,16 +68,18 @@ class HFEngine:
         batch = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
         model = self.peft if self.peft is not None else self.model
         out = model.generate(**batch, max_new_tokens=max_tokens, do_sample=False, temperature=None, top_p=None,
-                             top_k=None, pad_token_id=self.tokenizer.pad_token_id,
-                             eos_token_id=self.tokenizer.eos_token_id)
-        completions = []
-        for row in out[:, batch["input_ids"].shape[1]:].tolist():
-            if self.tokenizer.eos_token_id in row:
-                row = row[:row.index(self.tokenizer.eos_token_id) + 1]  # count EOS, as vLLM does
-            else:
-                row = [t for t in row if t != self.tokenizer.pad_token_id]
-            completions.append(Completion(self.tokenizer.decode(row, skip_special_tokens=True), len(row)))
-        return completions
+                             top_k=None, min_new_tokens=max_tokens if self.spec.ignore_eos else None,
+                             pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id)
+        rows = out[:, batch["input_ids"].shape[1]:].tolist()
+        if not self.spec.ignore_eos:
+            rows = [self._until_eos(row) for row in rows]
+        return [Completion(self.tokenizer.decode(row, skip_special_tokens=True), len(row)) for row in rows]
+
+    def _until_eos(self, row: list[int]) -> list[int]:
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        if eos in row:
+            return row[:row.index(eos) + 1]  # EOS counts as a generated token, as in vLLM
+        return [t for t in row if t != pad]
 
     def release(self, adapters: Sequence[AdapterRef]) -> None:
         if self.peft is None:

@@ -15,6 +15,7 @@ from evora.engines.base import AdapterRef, Completion, EngineSpec
 
 class VLLMEngine:
     def __init__(self, spec: EngineSpec):
+        self.ignore_eos = spec.ignore_eos
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if spec.device == "cpu":
@@ -22,6 +23,9 @@ class VLLMEngine:
             # evora sets the thread count itself (hardware.cpu_threads_per_worker): several
             # engines on one machine must not all bind the same cores.
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+            from evora.engines import vllm_cpu_lora
+
+            self.grouped_cpu_lora = vllm_cpu_lora.install()
         from vllm import LLM
 
         args = dict(
@@ -41,7 +45,7 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.lora.request import LoRARequest
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=self.ignore_eos)
         requests = [None if a is None else LoRARequest(a.name, a.lora_id, a.path) for a in adapters]
         outputs = self.llm.generate(list(prompts), params, lora_request=requests, use_tqdm=False)
         return [Completion(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outputs]

@@ -129,6 +129,23 @@ def test_resume_refuses_to_change_the_trajectory(tmp_path):
     assert "strategy.sigma: cannot change when resuming" in result.stderr
 
 
+# --- other engines and tasks through the whole runtime ----------------------------------
+
+def test_hf_engine_runs_the_same_loop():
+    run_dir, stdout = cli_run(*SMALL, "generations=2", "engine=hf", "hardware.num_workers=1")
+    assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    assert "held-out reward: base model" in stdout
+
+
+def test_countdown_task_with_per_layer_noise():
+    run_dir, _ = cli_run("task=countdown", "task.max_tokens=24", "task.train_size=64", "task.eval_size=16",
+                         "task.prompts_per_generation=8", "strategy.population=4", "strategy.noise_scale=per_layer",
+                         "engine.max_loras=4", "generations=2", "hardware.num_workers=1")
+    records = read_metrics(run_dir)
+    assert len(records) == 3 and records[1]["tokens"] > 0
+    assert 0.0 <= records[1]["reward_mean"] <= 1.1
+
+
 # --- memory ------------------------------------------------------------------------------
 
 def test_worker_memory_is_flat_over_30_generations():
@@ -155,3 +172,12 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert fake_key.encode() not in path.read_bytes(), path
+
+
+# --- the quickstart ----------------------------------------------------------------------
+
+def test_quickstart_improves_heldout_reward_over_the_base_model():
+    run_dir, stdout = cli_run()  # the default config: what `make run` runs
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert summary["final_heldout"] > summary["base_heldout"] + 0.2, summary
+    assert "held-out reward: base model" in stdout

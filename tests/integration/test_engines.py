@@ -119,3 +119,12 @@ def test_tiny_model_base_accuracy_is_clearly_between_0_and_1(vllm_engine):
     first = sum(c.text.split(" ")[0] == str(a + b) for c, (a, b) in zip(out, pairs)) / len(pairs)
     assert 0.25 < exact < 0.75, exact
     assert first > 0.9, first
+
+
+def test_grouped_cpu_lora_ops_are_installed(vllm_engine):
+    import vllm.lora.punica_wrapper.punica_cpu as punica_cpu
+
+    from evora.engines import vllm_cpu_lora
+
+    assert vllm_engine.grouped_cpu_lora
+    assert punica_cpu.bgmv_shrink is vllm_cpu_lora.bgmv_shrink

@@ -85,3 +85,21 @@ def test_random_init_scales(tiny_shapes):
     assert torch.all(t[slot.b_key] == 0)
     assert abs(float(t[slot.a_key].std()) - 384 ** -0.5) < 0.01
     assert json.dumps(sorted(t)) == json.dumps(sorted(lay.shapes()))
+
+
+def test_per_layer_noise_scales_are_mean_abs_base_weight_per_layer(tiny_shapes, tiny_path):
+    from safetensors.torch import load_file
+
+    from evora.lora.base_weights import per_layer_scales
+
+    lay = build_layout(tiny_shapes, rank=1, alpha=1, target_modules=["q_proj", "down_proj"], layers=None,
+                       base_model=tiny_path)
+    scales = per_layer_scales(lay, tiny_path)
+    weights = load_file(f"{tiny_path}/model.safetensors")
+    for layer in (0, 1):
+        w = [weights[f"model.layers.{layer}.self_attn.q_proj.weight"], weights[f"model.layers.{layer}.mlp.down_proj.weight"]]
+        expected = float(sum(x.abs().sum() for x in w) / sum(x.numel() for x in w))
+        for slot in lay.modules:
+            if slot.layer == layer:
+                assert abs(scales[slot.a_key] - expected) < 1e-6 and scales[slot.b_key] == scales[slot.a_key]
+    assert scales[lay.modules[0].a_key] != scales[lay.modules[-1].a_key]
