@@ -125,12 +125,14 @@ def measure_overhead(model: Path, args: argparse.Namespace) -> dict:
            "eval_every=0", "task.eval_size=8", f"tracking.out_dir={out}", "tracking.progress=false"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     run_dir = next(out.iterdir())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
-    steady = [r for r in records[1:] if "heldout_reward" not in r]  # skip warm-up and the final evaluation
-    shares = [1 - r["seconds_generate"] / r["seconds"] for r in steady]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # A generation is the wall-clock time between consecutive records (dispatch, evaluation,
+    # update, metrics, checkpoint: everything). Skip the first (warm-up) and the last (held-out eval).
+    spans = [(b["time"] - a["time"], b["seconds_generate"]) for a, b in zip(records[1:], records[2:])
+             if "heldout_reward" not in b]
     shutil.rmtree(out)
-    return {"overhead_share": statistics.median(shares), "generation_seconds": statistics.median(
-        r["seconds"] for r in steady), "generations_measured": len(steady)}
+    return {"overhead_share": statistics.median(1 - generate / span for span, generate in spans),
+            "generation_seconds": statistics.median(span for span, _ in spans), "generations_measured": len(spans)}
 
 
 def main() -> None:

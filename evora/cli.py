@@ -43,8 +43,11 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from evora.tracking.progress import ConsoleProgress
 
     run_dir = HydraConfig.get().runtime.output_dir
-    with ConsoleProgress(enabled=run.tracking.progress) as progress:
-        return launch(run, run_dir, progress.handle)
+    try:
+        with ConsoleProgress(enabled=run.tracking.progress) as progress:
+            return launch(run, run_dir, progress.handle)
+    except EvoraError as error:
+        _die(error)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -57,6 +57,13 @@ def _check_model(run: RunConfig) -> None:
     if model.tokenizer is not None:
         locate_model(model.tokenizer, key="model.tokenizer")
     _check_layers(run, location)
+    if location.is_local:  # hub models are checked by the driver, once their config is fetched
+        from evora.lora.layout import build_layout, linear_shapes_of_model
+
+        lora = run.lora
+        build_layout(linear_shapes_of_model(location.path, trust_remote_code=model.trust_remote_code),
+                     rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules, layers=lora.layers,
+                     base_model=location.path)
 
 
 def _check_layers(run: RunConfig, location: ModelLocation) -> None:

@@ -140,7 +140,8 @@ class Driver:
     def _initial_evaluation(self) -> None:
         scores = self._heldout(0, [BASE, CENTER])
         self.base_heldout, self.last_heldout = scores[BASE], scores[CENTER]
-        self._log({"generation": 0, "heldout_reward": self.last_heldout, "base_heldout_reward": self.base_heldout})
+        self._log({"generation": 0, "heldout_reward": self.last_heldout, "base_heldout_reward": self.base_heldout,
+                   "time": time.time()})
 
     def _generation(self, generation: int) -> dict[str, Any]:
         started = time.perf_counter()
@@ -157,14 +158,13 @@ class Driver:
         record: dict[str, Any] = {"generation": done, **reward_stats(fitness), **update_stats}
         if self._eval_due(done):
             record["heldout_reward"] = self._heldout(done, [CENTER])[CENTER]
-        evaluation_done = time.perf_counter()
+        finished = time.perf_counter()
         tokens = int(sum(r.tokens.sum() for r in results))
-        record.update(
-            tokens=tokens, tokens_per_second=tokens / max(evaluated - started, 1e-9), reward_errors=sum(
-                r.reward_errors for r in results),
-            seconds=evaluation_done - started, seconds_evaluate=evaluated - started,
-            seconds_update=updated - evaluated, seconds_heldout=evaluation_done - updated, **timing_sums(results),
-            worker_rss_mb=self._worker_rss(results))
+        record.update(tokens=tokens, tokens_per_second=tokens / max(evaluated - started, 1e-9),
+                      reward_errors=sum(r.reward_errors for r in results), seconds=finished - started,
+                      seconds_evaluate=evaluated - started, seconds_update=updated - evaluated,
+                      seconds_heldout=finished - updated, **timing_sums(results),
+                      worker_rss_mb=self._worker_rss(results), time=time.time())
         self._log(record)
         self._checkpoint(done)
         return {"kind": "generation", **record, "generations": self.run_cfg.generations}

@@ -12,6 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from evora.config.schema import RunConfig
 from evora.distributed.driver import Driver, run_tag
 from evora.engines.adapter_store import sweep_run_scratch
+from evora.errors import EvoraError
 
 
 def init_ray(run: RunConfig) -> None:
@@ -20,6 +21,8 @@ def init_ray(run: RunConfig) -> None:
     hw = run.hardware
     options: dict[str, Any] = {"include_dashboard": hw.dashboard, "log_to_driver": run.tracking.worker_logs,
                                "logging_level": logging.WARNING}
+    # Token authentication stays on; only its every-run notice is kept off the console.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if hw.address is not None:
         ray.init(address=hw.address, **options)
     elif os.environ.get("RAY_ADDRESS"):
@@ -43,6 +46,10 @@ def launch(run: RunConfig, run_dir: str, on_summary: Callable[[dict[str, Any]], 
             on_summary(summary)
             if summary["kind"] == "final":
                 final = summary
+    except ray.exceptions.RayTaskError as error:
+        if isinstance(error.cause, EvoraError):  # bad input found on the cluster (e.g. a hub model's layout)
+            raise error.cause from None
+        raise
     finally:
         ray.kill(driver)
         sweep_run_scratch(run.engine.adapter_dir, run_tag(run_dir))

@@ -30,6 +30,17 @@ def worker_count(hw: HardwareConfig) -> int:
     return gpus // hw.gpus_per_worker
 
 
+def check_capacity(hw: HardwareConfig, workers: int) -> None:
+    """Fail at once, not hang, when the cluster cannot place every worker."""
+    have = ray.cluster_resources()
+    for resource, each, extra in (("CPU", hw.cpus_per_worker, hw.driver_cpus), ("GPU", hw.gpus_per_worker, 0)):
+        need = workers * each + extra
+        if need > have.get(resource, 0) + 1e-9:
+            raise RuntimeError(f"hardware: {workers} worker(s) x {each} {resource} (+ {extra} for the driver) need "
+                               f"{need:g} {resource}s but the Ray cluster has {have.get(resource, 0):g}; lower "
+                               "hardware.num_workers or hardware.cpus_per_worker")
+
+
 def actor_options(hw: HardwareConfig) -> dict[str, Any]:
     options: dict[str, Any] = {"num_cpus": hw.cpus_per_worker, "max_restarts": 0}
     if hw.gpus_per_worker > 0:
@@ -48,8 +59,10 @@ class WorkerPool:
     @classmethod
     def start(cls, spec: WorkerSpec) -> "WorkerPool":
         hw = spec.run.hardware
+        count = worker_count(hw)
+        check_capacity(hw, count)
         remote_worker = ray.remote(EngineWorker).options(**actor_options(hw))
-        actors = [remote_worker.remote(spec, i) for i in range(worker_count(hw))]
+        actors = [remote_worker.remote(spec, i) for i in range(count)]
         infos = ray.get([a.info.remote() for a in actors])
         return cls(actors, infos)
 

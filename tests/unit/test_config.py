@@ -53,6 +53,7 @@ def test_configs_are_frozen():
     ("task.prompts_per_generation=99999", "task.prompts_per_generation=99999: must be in 1..task.train_size"),
     ("hardware.gpu_memory_utilization=1.5", "hardware.gpu_memory_utilization=1.5: must be in (0, 1]"),
     ("resume=/no/such/run", 'resume="/no/such/run": run folder not found'),
+    ("lora.target_modules=[c_attn]", "lora.target_modules=['c_attn']: no linear module of the model matches"),
 ])
 def test_bad_values_name_the_key_and_allowed_values(override, message):
     with pytest.raises(ConfigError) as error:
