@@ -84,11 +84,11 @@ def measure_in_process(model: Path, args: argparse.Namespace) -> dict:
         specs, payload = worker.strategy.ask(state, next(generation))
         return worker.evaluate(payload, WorkUnit(tuple(specs), "train", prompts))
 
-    worker.engine.generate(["1+1="], [None], 2)  # warm-up
+    worker.engine.generate([worker.prompt_ids("train", 0)], [None], 2)  # warm-up
     evora_seconds, result = timed(evora_population, args.repeats)
     tokens = int(result.tokens.sum())
 
-    texts = [worker.splits.train[i].prompt for i in prompts]
+    texts = [worker.prompt_ids("train", i) for i in prompts]
     n = args.population
 
     def base_only():

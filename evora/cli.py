@@ -5,6 +5,7 @@ one line before Ray starts.
     evora model=qwen2_5_0_5b task=countdown hardware=gpu
     evora -m strategy.sigma=0.001,0.002 seed=0,1,2
     evora resume=runs/<run folder> generations=60
+    evora eval adapter=runs/<run folder>/adapters/best compare=true
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         run = to_run_config(cfg)
         validate(run)
         if run.resume is not None:
-            from evora.config.resume import resumed_run_config
+            from evora.config.overlay import resumed_run_config
 
             run = resumed_run_config(run, list(HydraConfig.get().overrides.task))
     except EvoraError as error:
@@ -55,9 +56,62 @@ def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
     return run_job(cfg)
 
 
+EVAL_OPTIONS = {"adapter": "a PEFT adapter folder, or base", "compare": "true | false", "split": "heldout | selection | train",
+                "out": "report folder"}
+
+
+def eval_main(argv: list[str]) -> None:
+    """`evora eval adapter=<dir|base> [compare=true] [split=heldout] [out=<dir>] [config overrides]`.
+
+    An adapter inside a run folder (<run>/adapters/<name>) is evaluated with that run's
+    config (model, task, seed), overrides applied on top; elsewhere with the defaults."""
+    from datetime import datetime
+    from pathlib import Path
+
+    from evora.config.compose import compose_run
+    from evora.config.overlay import overlay, saved_run_config
+    from evora.errors import ConfigError
+
+    options = {k: v for k, _, v in (a.partition("=") for a in argv) if k in EVAL_OPTIONS}
+    overrides = [a for a in argv if a.partition("=")[0] not in EVAL_OPTIONS]
+    try:
+        if "adapter" not in options:
+            raise ConfigError("adapter: required, e.g. evora eval adapter=runs/<run>/adapters/best (or adapter=base)")
+        compare = options.get("compare", "false").lower()
+        if compare not in ("true", "false"):
+            raise ConfigError(f"compare={compare}: allowed: true, false")
+        split = options.get("split", "heldout")
+        if split not in ("heldout", "selection", "train"):
+            raise ConfigError(f"split={split}: allowed: heldout, selection, train")
+        adapter = None if options["adapter"] == "base" else str(Path(options["adapter"]).resolve())
+        owner = Path(adapter).parents[1] if adapter else None
+        in_run = owner is not None and Path(adapter).parent.name == "adapters" and (owner / "config.yaml").is_file()
+        run = overlay(saved_run_config(owner), overrides) if in_run else compose_run(overrides)
+        stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        out = options.get("out") or str(owner / "eval" / Path(adapter).name if in_run
+                                        else Path(run.tracking.out_dir) / f"{stamp}_eval")
+        from evora.distributed.evaluate import run_evaluation
+
+        report = run_evaluation(run, adapter, compare == "true", split, out)
+    except EvoraError as error:
+        _die(error)
+    adapter_metrics = report["adapter_metrics"]
+    if "base_metrics" in report:
+        base, counts = report["base_metrics"], report["counts"]
+        print(f"{report['split']} accuracy: base model {base['accuracy']:.3f} -> adapter {adapter_metrics['accuracy']:.3f}"
+              f" ({counts['improvements']} improvements, {counts['regressions']} regressions, "
+              f"{counts['both_wrong']} both wrong, of {report['examples']})")
+    else:
+        print(f"{report['split']}: " + ", ".join(f"{k} {v:.3f}" for k, v in adapter_metrics.items()))
+    print("reports: " + ", ".join(report["paths"]))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup()
+    if argv[:1] == ["eval"]:
+        eval_main(argv[1:])
+        return
     try:
         preflight(argv)
     except EvoraError as error:

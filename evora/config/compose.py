@@ -82,7 +82,7 @@ def overrides_of(argv: list[str]) -> list[str] | None:
     return overrides
 
 
-def _parse(overrides: list[str]) -> list[Any]:
+def parse_overrides(overrides: list[str]) -> list[Any]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -101,7 +101,7 @@ def _parse(overrides: list[str]) -> list[Any]:
 def expand_jobs(overrides: list[str]) -> list[list[str]]:
     """One override list per job of a (multi)run, as Hydra's basic sweeper expands them."""
     axes = []
-    for text, override in zip(overrides, _parse(overrides)):
+    for text, override in zip(overrides, parse_overrides(overrides)):
         if override.is_sweep_override():
             key = override.get_key_element()
             axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
@@ -111,7 +111,7 @@ def expand_jobs(overrides: list[str]) -> list[list[str]]:
 
 
 def _check_group_choices(overrides: list[str]) -> None:
-    for override in _parse(overrides):
+    for override in parse_overrides(overrides):
         group = override.key_or_group.lstrip("+~")
         if group in GROUPS and override.package is None and not override.is_delete():
             value = override.value()

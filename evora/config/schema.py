@@ -38,12 +38,22 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: str = "addition"
+    name: str = "addition"  # a registered task, or a class path like mypkg.tasks:MyTask
     train_size: int = 2048
+    selection_size: int = 0
     eval_size: int = 256
     prompts_per_generation: int = 64
     max_tokens: int = 8
     data_path: Optional[str] = None
+    dataset: Optional[str] = None  # hub dataset id, used when data_path is null
+    dataset_config: Optional[str] = None
+    prompt_format: str = "auto"  # auto: the chat template when the tokenizer has one | chat | plain
+    system_prompt: Optional[str] = None
+    reward: Optional[str] = None  # a user's reward function, mypkg.rewards:score
+    scorer: str = "exact"  # jsonl task: exact | numeric | fuzzy | regex | contains | choice
+    prompt_field: str = "prompt"  # jsonl task
+    answer_field: str = "answer"  # jsonl task
+    fitness: str = "reward"  # per-candidate fitness from reward, accuracy, perplexity, tokens
     reward_penalty: float = 0.0  # score of a completion whose reward function raised
 
 

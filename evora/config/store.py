@@ -25,17 +25,17 @@ SCHEMAS: dict[tuple[str, str], type] = {
 def writable_schema(cls: type) -> DictConfig:
     # Frozen dataclasses become read-only nodes (nested ones too), which Hydra cannot
     # merge YAML into; the typed nodes stay typed once made writable.
-    node = OmegaConf.structured(cls)
-    _unfreeze(node)
-    return node
+    return unfreeze(OmegaConf.structured(cls))
 
 
-def _unfreeze(node: DictConfig) -> None:
+def unfreeze(node: DictConfig) -> DictConfig:
+    """The same node, writable all the way down."""
     OmegaConf.set_readonly(node, False)
     for key in node:
         child = node._get_node(key)
         if isinstance(child, DictConfig):
-            _unfreeze(child)
+            unfreeze(child)
+    return node
 
 
 def register() -> None:

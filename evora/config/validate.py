@@ -92,16 +92,43 @@ def _check_lora(run: RunConfig) -> None:
 
 def _check_task(run: RunConfig) -> None:
     from evora.tasks import task_names
+    from evora.tasks.base import load_object
+    from evora.tasks.fitness import parse_fitness
+    from evora.tasks.prompts import FORMATS
+    from evora.tasks.rewards.scorers import SCORERS
 
     task = run.task
-    choice("task.name", task.name, task_names())
+    if ":" in task.name:
+        load_object(task.name, "task.name")
+    else:
+        choice("task.name", task.name, task_names())
     require(task.train_size >= 1, "task.train_size", task.train_size, "must be >= 1")
+    require(task.selection_size >= 0, "task.selection_size", task.selection_size, "must be >= 0")
     require(task.eval_size >= 1, "task.eval_size", task.eval_size, "must be >= 1")
     require(1 <= task.prompts_per_generation <= task.train_size, "task.prompts_per_generation",
             task.prompts_per_generation, f"must be in 1..task.train_size ({task.train_size})")
-    require(task.max_tokens >= 1, "task.max_tokens", task.max_tokens, "must be >= 1")
+    require(1 <= task.max_tokens < run.model.max_model_len, "task.max_tokens", task.max_tokens,
+            f"must be in 1..model.max_model_len - 1 ({run.model.max_model_len - 1})")
+    choice("task.prompt_format", task.prompt_format, FORMATS)
+    choice("task.scorer", task.scorer, tuple(SCORERS))
+    parse_fitness(task.fitness)
+    if task.reward is not None:
+        require(callable(load_object(task.reward, "task.reward")), "task.reward", task.reward, "must be a function")
     if task.data_path is not None:
         require(Path(task.data_path).is_file(), "task.data_path", task.data_path, "file not found")
+        from evora.tasks import build_task
+
+        check_split_sizes(task, build_task(task, run.seed).splits())  # bad records stop here, before Ray
+    elif task.name == "jsonl":
+        raise fail("task.data_path", None, "task=jsonl needs a JSONL, JSON or parquet file")
+
+
+def check_split_sizes(task: Any, splits: Any) -> None:
+    """Enough examples for what the config asks (the data may hold fewer than its sizes)."""
+    sizes = f"{len(splits.train)} train, {len(splits.selection)} selection, {len(splits.heldout)} held-out"
+    require(len(splits.heldout) > 0, "task.eval_size", task.eval_size, f"the data gives no held-out examples ({sizes})")
+    require(len(splits.train) >= task.prompts_per_generation, "task.prompts_per_generation",
+            task.prompts_per_generation, f"the data gives only {sizes} examples")
 
 
 def _check_es(es: ESConfig) -> None:

@@ -11,14 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import ray
 
+from evora.analysis.comparison import build_report, write_reports
 from evora.config.schema import RunConfig
+from evora.config.validate import check_split_sizes
+from evora.distributed.evaluate import candidate_metrics, chunks, evaluate_split
 from evora.distributed.pool import WorkerPool
 from evora.distributed.worker import UnitResult, WorkerSpec, WorkUnit
 from evora.engines.adapter_store import sweep_run_scratch
@@ -29,35 +32,20 @@ from evora.lora.noise import noise_key
 from evora.lora.peft_io import save_adapter
 from evora.models import locate_model
 from evora.strategies import build_strategy
-from evora.strategies.base import BASE, CENTER, CandidateSpec, Strategy
+from evora.strategies.base import BASE, CENTER, Strategy
 from evora.tasks import build_task
+from evora.tasks.fitness import parse_fitness
 from evora.tracking import checkpoint
 from evora.tracking.metrics import JsonlSink, MetricsSink, WandbSink
 from evora.tracking.run_dir import config_dict, write_config
 
-EVAL_CHUNK = 64  # held-out prompts per work unit
-
 
 @dataclass
 class Best:
-    heldout: float
+    score: float  # the fitness it was chosen by: on the selection split if there is one, else held-out
     generation: int
     adapter: dict
-
-
-def chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-def reward_stats(fitness: np.ndarray) -> dict[str, float]:
-    return {"reward_mean": float(fitness.mean()), "reward_std": float(fitness.std()),
-            "reward_min": float(fitness.min()), "reward_max": float(fitness.max()),
-            "reward_p20": float(np.percentile(fitness, 20)), "reward_p80": float(np.percentile(fitness, 80))}
-
-
-def timing_sums(results: list[UnitResult]) -> dict[str, float]:
-    keys = ("materialise", "generate", "reward", "release")
-    return {f"seconds_{k}": float(sum(r.timings[k] for r in results)) for k in keys}
+    heldout: dict  # its held-out metrics
 
 
 def run_tag(run_dir: str | Path) -> str:
@@ -65,11 +53,23 @@ def run_tag(run_dir: str | Path) -> str:
     return hashlib.blake2b(str(Path(run_dir).resolve()).encode(), digest_size=4).hexdigest()
 
 
+def spread(prefix: str, values: np.ndarray) -> dict[str, float]:
+    return {f"{prefix}_mean": float(values.mean()), f"{prefix}_std": float(values.std()),
+            f"{prefix}_min": float(values.min()), f"{prefix}_max": float(values.max()),
+            f"{prefix}_p20": float(np.percentile(values, 20)), f"{prefix}_p80": float(np.percentile(values, 80))}
+
+
+def timing_sums(results: list[UnitResult]) -> dict[str, float]:
+    keys = ("materialise", "generate", "reward", "perplexity")
+    return {f"seconds_{k}": float(sum(r.timings[k] for r in results)) for k in keys}
+
+
 class Driver:
     def __init__(self, run: RunConfig, run_dir: str):
         self.run_cfg = run
         self.run_dir = Path(run_dir)
         self.run_tag = run_tag(run_dir)
+        self.fitness = parse_fitness(run.task.fitness)
 
     # --- setup ----------------------------------------------------------------------
 
@@ -85,6 +85,7 @@ class Driver:
                   if run.strategy.noise_scale == "per_layer" else {})
         self.strategy: Strategy = build_strategy(run.strategy, run.seed, scales)
         self.splits = build_task(run.task, run.seed).splits()
+        check_split_sizes(run.task, self.splits)  # hub data is only seen here
         self._restore_or_init()
         self.sinks = self._open_sinks()
         self.pool = WorkerPool.start(WorkerSpec(run, self.location.path, self.layout, scales, self.run_tag))
@@ -96,12 +97,11 @@ class Driver:
             saved = checkpoint.load(path)
             self.state = saved["strategy_state"]
             self.next_generation = saved["next_generation"]
-            self.base_heldout = saved["base_heldout"]
-            self.last_heldout = saved["last_heldout"]
+            self.base, self.last = saved["base"], saved["last"]
             self.best = Best(**saved["best"]) if saved["best"] else None
             return
         self.state = self.strategy.initial_state(self._initial_adapter(self.layout))
-        self.next_generation, self.base_heldout, self.last_heldout, self.best = 0, None, None, None
+        self.next_generation, self.base, self.last, self.best = 0, None, None, None
         write_config(self.run_dir, self.run_cfg)
 
     def _initial_adapter(self, layout: AdapterLayout) -> dict:
@@ -126,10 +126,10 @@ class Driver:
         start = time.perf_counter()
         self._setup()
         try:
-            if self.base_heldout is None:
+            if self.base is None:
                 self._initial_evaluation()
             yield {"kind": "start", "generations": self.run_cfg.generations, "start": self.next_generation,
-                   "workers": len(self.pool), "base_heldout": self.base_heldout, "resumed": self.resumed,
+                   "workers": len(self.pool), "base_heldout": self.base["reward"], "resumed": self.resumed,
                    "adapter_parameters": self.layout.num_parameters(), "setup_seconds": time.perf_counter() - start}
             for generation in range(self.next_generation, self.run_cfg.generations):
                 yield self._generation(generation)
@@ -138,26 +138,31 @@ class Driver:
             self._close()
 
     def _initial_evaluation(self) -> None:
-        scores = self._heldout(0, [BASE, CENTER])
-        self.base_heldout, self.last_heldout = scores[BASE], scores[CENTER]
-        self._log({"generation": 0, "heldout_reward": self.last_heldout, "base_heldout_reward": self.base_heldout,
-                   "time": time.time()})
+        outcomes = self._evaluate("heldout", [BASE, CENTER], generation=0)
+        self.base = outcomes[BASE]
+        record = {"generation": 0, **{f"base_heldout_{k}": v for k, v in self.base.items()},
+                  **self._center_scores(0, outcomes[CENTER]), "time": time.time()}
+        self._log(record)
 
     def _generation(self, generation: int) -> dict[str, Any]:
         started = time.perf_counter()
         specs, payload = self.strategy.ask(self.state, generation)
         prompts = self._prompt_batch(generation)
-        units = [WorkUnit(tuple(c), "train", prompts) for c in chunks(specs, self.run_cfg.engine.max_loras)]
+        units = [WorkUnit(tuple(c), "train", prompts, perplexity=self.fitness.needs_perplexity)
+                 for c in chunks(specs, self.run_cfg.engine.max_loras)]
         results = self.pool.run(ray.put(payload), units)
         evaluated = time.perf_counter()
-        rewards = self._reward_matrix(results, len(specs))
-        fitness = rewards.mean(axis=1)
+        metrics = candidate_metrics(results, len(specs))
+        fitness = np.array([self.fitness({k: v[i] for k, v in metrics.items()}) for i in range(len(specs))])
         self.state, update_stats = self.strategy.tell(self.state, specs, fitness)
         updated = time.perf_counter()
         done = generation + 1
-        record: dict[str, Any] = {"generation": done, **reward_stats(fitness), **update_stats}
+        record: dict[str, Any] = {"generation": done, **spread("reward", metrics["reward"]),
+                                  "accuracy_mean": float(metrics["accuracy"].mean()), **update_stats}
+        if self.fitness.text != "reward":
+            record.update(spread("fitness", fitness))
         if self._eval_due(done):
-            record["heldout_reward"] = self._heldout(done, [CENTER])[CENTER]
+            record.update(self._center_scores(done, self._evaluate("heldout", [CENTER], done)[CENTER]))
         finished = time.perf_counter()
         tokens = int(sum(r.tokens.sum() for r in results))
         record.update(tokens=tokens, tokens_per_second=tokens / max(evaluated - started, 1e-9),
@@ -171,17 +176,28 @@ class Driver:
 
     def _finish(self) -> dict[str, Any]:
         done = self.run_cfg.generations
-        final = self.last_heldout
         adapters = self.run_dir / "adapters"
         center = self.strategy.center(self.state)
         save_adapter(adapters / "mean", center, self.layout)
-        best = self.best or Best(final, done, center)
+        best = self.best or Best(float("nan"), done, center, self.last)
         save_adapter(adapters / "best", best.adapter, self.layout)
-        summary = {"base_heldout": self.base_heldout, "final_heldout": final, "best_heldout": best.heldout,
-                   "best_generation": best.generation, "generations": done}
-        (self.run_dir / "eval").mkdir(exist_ok=True)
+        counts = self._compare_best(best)
+        summary = {"base_heldout": self.base["reward"], "final_heldout": self.last["reward"],
+                   "best_heldout": best.heldout["reward"], "best_generation": best.generation, "generations": done,
+                   "base_heldout_metrics": self.base, "final_heldout_metrics": self.last,
+                   "best_heldout_metrics": best.heldout,
+                   "best_chosen_on": "selection" if self.splits.selection else "heldout", "best_vs_base": counts}
         (self.run_dir / "eval" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return {"kind": "final", **summary, "run_dir": str(self.run_dir)}
+
+    def _compare_best(self, best: Best) -> dict[str, int]:
+        """The base-vs-adapter report of adapters/best on the held-out split; its counts."""
+        outcomes = self._evaluate("heldout", [BASE, CENTER], best.generation, theta=best.adapter, keep_texts=True,
+                                  perplexity=True)
+        report = build_report(self.splits.heldout, outcomes[CENTER], outcomes[BASE], task=self.run_cfg.task.name,
+                              split="heldout", adapter_name="adapters/best")
+        write_reports(report, self.run_dir / "eval", stem="best_vs_base")
+        return report["counts"]
 
     def _close(self) -> None:
         pool = getattr(self, "pool", None)
@@ -203,43 +219,43 @@ class Driver:
         picked = rng.choice(len(self.splits.train), size=self.run_cfg.task.prompts_per_generation, replace=False)
         return tuple(int(i) for i in picked)
 
-    def _heldout(self, generation: int, ops: list[str]) -> dict[str, float]:
-        """Mean held-out reward of the base model and/or the strategy's center."""
-        center = self.strategy.center(self.state)
-        specs = tuple(CandidateSpec(generation, i, op=op) for i, op in enumerate(ops))
-        indices = list(range(len(self.splits.heldout)))
-        units = [WorkUnit(specs, "heldout", tuple(c)) for c in chunks(indices, EVAL_CHUNK)]
-        rewards = np.concatenate([r.rewards for r in self.pool.run(ray.put({"theta": center}), units)], axis=1)
-        scores = {op: float(rewards[i].mean()) for i, op in enumerate(ops)}
-        if CENTER in scores:
-            self.last_heldout = scores[CENTER]
-            if self.best is None or scores[CENTER] > self.best.heldout:
-                self.best = Best(scores[CENTER], generation, {k: v.clone() for k, v in center.items()})
+    def _evaluate(self, split: str, ops: list[str], generation: int, theta: dict | None = None,
+                  keep_texts: bool = False, perplexity: bool = False) -> dict[str, Any]:
+        """Metrics (or, with keep_texts, whole outcomes) of BASE/CENTER on a split."""
+        outcomes = evaluate_split(self.pool, theta if theta is not None else self.strategy.center(self.state), ops,
+                                  split, len(self.splits.get(split)), generation=generation, keep_texts=keep_texts,
+                                  perplexity=perplexity or self.fitness.needs_perplexity)
+        if keep_texts:
+            return outcomes
+        return {op: self._with_fitness(o.metrics()) for op, o in outcomes.items()}
+
+    def _with_fitness(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {**metrics, "fitness": self.fitness(metrics)}
+
+    def _center_scores(self, done: int, heldout: dict[str, float]) -> dict[str, float]:
+        """Record the center's held-out metrics, and keep it as the best if it is."""
+        self.last = heldout
+        scores = {f"heldout_{k}": v for k, v in heldout.items()}
+        score = heldout["fitness"]
+        if self.splits.selection:
+            score = self._evaluate("selection", [CENTER], done)[CENTER]["fitness"]
+            scores["selection_fitness"] = score
+        if self.best is None or score > self.best.score:
+            center = self.strategy.center(self.state)
+            self.best = Best(score, done, {k: v.clone() for k, v in center.items()}, heldout)
         return scores
 
     @staticmethod
-    def _reward_matrix(results: list[UnitResult], population: int) -> np.ndarray:
-        rows: list[np.ndarray | None] = [None] * population
-        for result in results:
-            for row, index in enumerate(result.indices):
-                rows[index] = result.rewards[row]
-        return np.stack(rows)
-
-    @staticmethod
     def _worker_rss(results: list[UnitResult]) -> dict[str, float]:
-        latest: dict[str, float] = {}
-        for result in results:
-            latest[str(result.worker)] = result.rss_mb
-        return latest
+        return {str(r.worker): r.rss_mb for r in results}
 
     def _log(self, record: dict[str, Any]) -> None:
         for sink in self.sinks:
             sink.log(record)
 
     def _checkpoint(self, done: int) -> None:
-        saved = {"version": 1, "next_generation": done, "strategy_state": self.state,
-                 "base_heldout": self.base_heldout, "last_heldout": self.last_heldout,
-                 "best": None if self.best is None else vars(self.best)}
+        saved = {"version": 2, "next_generation": done, "strategy_state": self.state, "base": self.base,
+                 "last": self.last, "best": None if self.best is None else asdict(self.best)}
         checkpoint.atomic_save(saved, checkpoint.latest_path(self.run_dir))
         keep = self.run_cfg.tracking.checkpoint_keep_every
         if keep and done % keep == 0:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from evora.strategies import build_strategy
 from evora.strategies.base import CandidateSpec, materialise
 from evora.tasks import build_task
 from evora.tasks.base import score_completions
+from evora.tasks.fitness import perplexity
+from evora.tasks.prompts import PromptRenderer
 
 ADAPTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,22 +46,26 @@ class WorkerSpec:
 @dataclass(frozen=True)
 class WorkUnit:
     specs: tuple[CandidateSpec, ...]
-    split: str  # train | heldout
+    split: str  # train | selection | heldout
     prompt_indices: tuple[int, ...]
     keep_texts: bool = False
+    perplexity: bool = False  # also score the reference completions (teacher forcing)
 
 
 @dataclass
 class UnitResult:
-    indices: list[int]  # spec.index of each row
-    rewards: np.ndarray  # [candidates, prompts]
-    tokens: np.ndarray  # [candidates, prompts]
+    """Per (candidate, prompt) numbers; rows follow `indices` (spec.index)."""
+
+    indices: list[int]
+    rewards: np.ndarray
+    correct: np.ndarray  # bool
+    tokens: np.ndarray
     reward_errors: int
     timings: dict[str, float]
     worker: int
     rss_mb: float
+    perplexity: np.ndarray | None = None
     texts: list[list[str]] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def engine_spec(run: RunConfig, model_path: str, worker_slots: int) -> EngineSpec:
@@ -86,6 +92,13 @@ def adapter_dtype(run: RunConfig, model_path: str) -> torch.dtype:
     return ADAPTER_DTYPES.get(name, torch.float32)
 
 
+def load_tokenizer(run: RunConfig, model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(run.model.tokenizer or model_path, revision=run.model.revision,
+                                         trust_remote_code=run.model.trust_remote_code)
+
+
 def process_tree_rss_mb() -> float:
     me = psutil.Process()
     return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**20
@@ -101,6 +114,9 @@ class EngineWorker:
         torch.set_num_threads(run.hardware.cpu_threads_per_worker)
         self.task = build_task(run.task, run.seed)
         self.splits = self.task.splits()
+        self.renderer = PromptRenderer(load_tokenizer(run, spec.model_path), run.task.prompt_format,
+                                       self.task.plain_template, run.task.system_prompt)
+        self._prompt_ids: dict[tuple[str, int], list[int]] = {}
         self.strategy = build_strategy(run.strategy, run.seed, spec.noise_scales)
         self.dtype = adapter_dtype(run, spec.model_path)
         self.engine = create_engine(run.engine.name, engine_spec(run, spec.model_path, run.engine.max_loras))
@@ -113,6 +129,12 @@ class EngineWorker:
         return {"worker": self.index, "pid": os.getpid(), "node": context.get_node_id(),
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
+    def prompt_ids(self, split: str, index: int) -> list[int]:
+        key = (split, index)
+        if key not in self._prompt_ids:
+            self._prompt_ids[key] = self.renderer.ids(self.splits.get(split)[index])
+        return self._prompt_ids[key]
+
     def evaluate(self, payload: Any, unit: WorkUnit) -> UnitResult:
         start = time.perf_counter()
         refs = []
@@ -121,25 +143,31 @@ class EngineWorker:
             refs.append(None if tensors is None else self.scratch.write(spec.label, tensors, self.layout, self.dtype))
         materialised = time.perf_counter()
         examples = [self.splits.get(unit.split)[i] for i in unit.prompt_indices]
-        prompts = [e.prompt for e in examples]
-        completions = self.engine.generate([p for _ in refs for p in prompts],
-                                           [r for r in refs for _ in prompts], self.max_tokens)
+        prompts = [self.prompt_ids(unit.split, i) for i in unit.prompt_indices]
+        pairs_prompts, pairs_adapters = [p for _ in refs for p in prompts], [r for r in refs for _ in prompts]
+        completions = self.engine.generate(pairs_prompts, pairs_adapters, self.max_tokens)
         generated = time.perf_counter()
         n = len(prompts)
         rows = [completions[i * n:(i + 1) * n] for i in range(len(refs))]
         scores = [score_completions(self.task, [c.text for c in row], examples, self.penalty) for row in rows]
         scored = time.perf_counter()
+        ppl = None
+        if unit.perplexity:
+            targets = [self.renderer.target_ids(e) for e in examples]
+            logprobs = self.engine.score(pairs_prompts, [t for _ in refs for t in targets], pairs_adapters)
+            ppl = np.array([perplexity(lp) for lp in logprobs], dtype=np.float64).reshape(len(refs), n)
         loaded = [r for r in refs if r is not None]
         self.engine.release(loaded)
         self.scratch.remove(loaded)
         return UnitResult(
             indices=[s.index for s in unit.specs],
             rewards=np.array([s.rewards for s in scores], dtype=np.float64),
+            correct=np.array([s.correct for s in scores], dtype=bool),
             tokens=np.array([[c.num_tokens for c in row] for row in rows], dtype=np.int64),
             reward_errors=sum(s.errors for s in scores),
             timings={"materialise": materialised - start, "generate": generated - materialised,
-                     "reward": scored - generated, "release": time.perf_counter() - scored},
-            worker=self.index, rss_mb=process_tree_rss_mb(),
+                     "reward": scored - generated, "perplexity": time.perf_counter() - scored},
+            worker=self.index, rss_mb=process_tree_rss_mb(), perplexity=ppl,
             texts=[[c.text for c in row] for row in rows] if unit.keep_texts else None,
         )
 

@@ -47,9 +47,13 @@ class EngineSpec:
 
 
 class Engine(Protocol):
-    def generate(self, prompts: Sequence[str], adapters: Sequence[AdapterRef | None],
+    def generate(self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None],
                  max_tokens: int) -> list[Completion]:
-        """Greedy completions; adapters[i] (None: the base model) applies to prompts[i]."""
+        """Greedy completions of token-id prompts; adapters[i] (None: base model) applies to prompts[i]."""
+
+    def score(self, prompts: Sequence[list[int]], targets: Sequence[list[int]],
+              adapters: Sequence[AdapterRef | None]) -> list[list[float]]:
+        """Log-probability of each token of targets[i] following prompts[i] (teacher forcing)."""
 
     def release(self, adapters: Sequence[AdapterRef]) -> None:
         """Drop adapters from the engine's caches."""

@@ -1,16 +1,29 @@
 """transformers + PEFT: the reference engine for parity tests, and the fallback where
-vLLM cannot run. One adapter at a time, its prompts batched (left padding, greedy)."""
+vLLM cannot run. One adapter at a time, its prompts batched (greedy)."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
 
 from evora.engines.base import AdapterRef, Completion, EngineSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+T = TypeVar("T")
+
+
+def pad(rows: Sequence[list[int]], value: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of rows padded to one width."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), value, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[i, span] = torch.tensor(row, dtype=torch.long)
+        mask[i, span] = 1
+    return ids, mask
 
 
 class HFEngine:
@@ -23,36 +36,47 @@ class HFEngine:
             torch.set_num_threads(spec.cpu_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or spec.model, revision=spec.revision,
                                                        trust_remote_code=spec.trust_remote_code)
-        self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
+        eos, pad_id = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        self.pad_id = pad_id if pad_id is not None else eos
         self.model = AutoModelForCausalLM.from_pretrained(
             spec.model, revision=spec.revision, dtype=DTYPES[spec.dtype],
             trust_remote_code=spec.trust_remote_code).to(self.device).eval()
-        self.peft = None  # the PeftModel around self.model, once an adapter was loaded
+        # The PeftModel around self.model once an adapter was loaded: it loads, activates and
+        # deletes adapters; forward and generate run on self.model, whose injected LoRA layers
+        # follow set_adapter (PeftModel's own forward fails once every adapter is deleted).
+        self.peft = None
 
-    def generate(self, prompts: Sequence[str], adapters: Sequence[AdapterRef | None],
-                 max_tokens: int) -> list[Completion]:
+    def _by_adapter(self, adapters: Sequence[AdapterRef | None], run: Callable[[list[int]], list[T]]) -> list[T]:
+        """Run `run` on the indices of each adapter's requests, one adapter at a time, in chunks."""
         groups: dict[AdapterRef | None, list[int]] = {}
         for i, adapter in enumerate(adapters):
             groups.setdefault(adapter, []).append(i)
-        results: list[Completion | None] = [None] * len(prompts)
+        results: list[T | None] = [None] * len(adapters)
         for adapter, indices in groups.items():
             with self._active(adapter):
                 for start in range(0, len(indices), self.spec.max_num_seqs):
                     chunk = indices[start:start + self.spec.max_num_seqs]
-                    for i, completion in zip(chunk, self._greedy([prompts[i] for i in chunk], max_tokens)):
-                        results[i] = completion
+                    for i, result in zip(chunk, run(chunk)):
+                        results[i] = result
         return results  # type: ignore[return-value]
+
+    def generate(self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None],
+                 max_tokens: int) -> list[Completion]:
+        return self._by_adapter(adapters, lambda chunk: self._greedy([prompts[i] for i in chunk], max_tokens))
+
+    def score(self, prompts: Sequence[list[int]], targets: Sequence[list[int]],
+              adapters: Sequence[AdapterRef | None]) -> list[list[float]]:
+        return self._by_adapter(adapters, lambda chunk: self._logprobs([prompts[i] for i in chunk],
+                                                                        [targets[i] for i in chunk]))
 
     @contextmanager
     def _active(self, adapter: AdapterRef | None) -> Iterator[None]:
         if adapter is None:
-            if self.peft is None:
-                yield
-            else:
+            if self.peft is not None and self.peft.peft_config:
                 with self.peft.disable_adapter():
                     yield
+            else:  # no adapter loaded (or all released): the model is the base model
+                yield
             return
         if self.peft is None:
             from peft import PeftModel
@@ -64,22 +88,33 @@ class HFEngine:
         yield
 
     @torch.no_grad()
-    def _greedy(self, prompts: list[str], max_tokens: int) -> list[Completion]:
-        batch = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
-        model = self.peft if self.peft is not None else self.model
-        out = model.generate(**batch, max_new_tokens=max_tokens, do_sample=False, temperature=None, top_p=None,
-                             top_k=None, min_new_tokens=max_tokens if self.spec.ignore_eos else None,
-                             pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id)
-        rows = out[:, batch["input_ids"].shape[1]:].tolist()
+    def _greedy(self, prompts: list[list[int]], max_tokens: int) -> list[Completion]:
+        ids, mask = pad(prompts, self.pad_id, left=True)
+        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                 max_new_tokens=max_tokens, do_sample=False, temperature=None, top_p=None,
+                                 top_k=None, min_new_tokens=max_tokens if self.spec.ignore_eos else None,
+                                 pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id)
+        rows = out[:, ids.shape[1]:].tolist()
         if not self.spec.ignore_eos:
             rows = [self._until_eos(row) for row in rows]
         return [Completion(self.tokenizer.decode(row, skip_special_tokens=True), len(row)) for row in rows]
 
     def _until_eos(self, row: list[int]) -> list[int]:
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        eos = self.tokenizer.eos_token_id
         if eos in row:
             return row[:row.index(eos) + 1]  # EOS counts as a generated token, as in vLLM
-        return [t for t in row if t != pad]
+        return [t for t in row if t != self.pad_id]
+
+    @torch.no_grad()
+    def _logprobs(self, prompts: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+        ids, mask = pad([p + t for p, t in zip(prompts, targets)], self.pad_id, left=False)
+        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1).cpu()
+        out = []
+        for row, (prompt, target) in enumerate(zip(prompts, targets)):
+            positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(target))
+            out.append(logprobs[row, positions, torch.tensor(target)].tolist())
+        return out
 
     def release(self, adapters: Sequence[AdapterRef]) -> None:
         if self.peft is None:

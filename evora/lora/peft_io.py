@@ -60,3 +60,30 @@ def load_adapter_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor
 
 def read_adapter_config(directory: str | os.PathLike) -> dict:
     return json.loads((Path(directory) / CONFIG_FILE).read_text())
+
+
+def layout_of_adapter(directory: str | os.PathLike, linear_shapes: dict[str, tuple[int, int]],
+                      key: str = "adapter") -> AdapterLayout:
+    """The layout a PEFT adapter folder describes, checked against its tensors."""
+    from safetensors import safe_open
+
+    from evora.errors import ConfigError
+    from evora.lora.layout import build_layout
+
+    folder = Path(directory)
+    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+        raise ConfigError(f'{key}="{directory}": not a PEFT adapter folder ({CONFIG_FILE} + {WEIGHTS_FILE})')
+    config = read_adapter_config(folder)
+    targets, layers = config["target_modules"], config.get("layers_to_transform")
+    if isinstance(targets, str):
+        raise ConfigError(f'{key}="{directory}": target_modules given as a regex is not supported; list the modules')
+    layout = build_layout(linear_shapes, rank=config["r"], alpha=config["lora_alpha"], target_modules=targets,
+                          layers=[layers] if isinstance(layers, int) else layers,
+                          base_model=config.get("base_model_name_or_path") or "")
+    with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as handle:
+        stored = set(handle.keys())
+    if stored != set(layout.shapes()):
+        missing = sorted(set(layout.shapes()) - stored)[:2]
+        raise ConfigError(f'{key}="{directory}": its tensors do not match its adapter_config.json and the model '
+                          f"(e.g. missing {missing})")
+    return layout

@@ -2,7 +2,8 @@
 
 Pairs a, b in 0..99. A fixed eighth of all pairs is held out of training, of the tiny
 model's pretraining (`evora.models.build_tiny`) and of every run, whatever the seed, so
-held-out rewards of different runs compare. Reward 1.0 for the exact answer alone.
+held-out rewards of different runs compare; the selection split comes from that pool
+too, disjoint from the held-out sample. Reward in [0, 1]: 1.0 for the exact answer alone.
 """
 
 from __future__ import annotations
@@ -56,8 +57,13 @@ class AdditionTask:
         train_pool, held_pool = training_pairs(), heldout_pairs()
         train = random.Random(noise_key(self.seed, "addition-train")).sample(
             train_pool, min(self.cfg.train_size, len(train_pool)))
-        heldout = random.Random(HELDOUT_SEED).sample(held_pool, min(self.cfg.eval_size, len(held_pool)))
-        return Splits(tuple(example_of(*p) for p in train), tuple(example_of(*p) for p in heldout))
+        random.Random(HELDOUT_SEED).shuffle(held_pool)
+        heldout = held_pool[:self.cfg.eval_size]
+        selection = held_pool[self.cfg.eval_size:self.cfg.eval_size + self.cfg.selection_size]
+        return Splits(*(tuple(example_of(*p) for p in pairs) for pairs in (train, selection, heldout)))
 
     def reward(self, completion: str, example: Example) -> float:
         return exact_answer(completion, example.answer)
+
+    def correct(self, completion: str, example: Example) -> bool:
+        return self.reward(completion, example) == 1.0

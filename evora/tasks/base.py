@@ -1,45 +1,60 @@
-"""The task protocol: examples, deterministic splits and a pure reward.
+"""The task protocol: examples, deterministic splits, a pure reward and correctness.
 
-Rewards are pure functions of (completion, example) from `tasks/rewards/`; they never
-execute model output. The worker scores completions with `score_completions`, where a
-reward that raises scores the configured penalty and is counted, not fatal.
+Rewards are pure functions of (completion, example) built from `tasks/rewards/`; they
+never execute model output. The worker scores completions with `score_completions`,
+where a reward that raises scores the configured penalty and is counted, not fatal.
 """
 
 from __future__ import annotations
 
+import importlib
+import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from evora.config.schema import TaskConfig
+from evora.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class Example:
-    prompt: str
-    answer: str
+    prompt: str  # the question as a user asks it (the user turn under a chat template)
+    answer: str  # what the reward checks against
     data: Mapping[str, Any] = field(default_factory=dict)  # task-specific fields (numbers, target, ...)
+    target: str = ""  # a reference completion (perplexity, supervised training); "" means `answer`
+    prefix: str = ""  # the start of the model's turn, written for it (e.g. "<think>")
+    rendered: str | None = None  # a prompt given in full by the data; used as it is, in every format
+
+    @property
+    def reference(self) -> str:
+        return self.target or self.answer
 
 
 @dataclass(frozen=True)
 class Splits:
     train: tuple[Example, ...]
+    selection: tuple[Example, ...]  # for choosing among adapters without touching held-out
     heldout: tuple[Example, ...]
 
     def get(self, split: str) -> tuple[Example, ...]:
-        return {"train": self.train, "heldout": self.heldout}[split]
+        return {"train": self.train, "selection": self.selection, "heldout": self.heldout}[split]
 
 
 class Task(Protocol):
     name: ClassVar[str]
     reward_range: ClassVar[tuple[float, float]]
+    plain_template: ClassVar[str]  # how a prompt reads without a chat template; "{prompt}" by default
 
     def __init__(self, cfg: TaskConfig, seed: int) -> None: ...
 
     def splits(self) -> Splits:
-        """Train and held-out examples; the same for the same config and seed."""
+        """Train, selection and held-out examples; the same for the same config and seed."""
 
     def reward(self, completion: str, example: Example) -> float:
         """A score in `reward_range`."""
+
+    def correct(self, completion: str, example: Example) -> bool:
+        """Whether the completion counts as right (accuracy)."""
 
 
 _TASKS: dict[str, type] = {}
@@ -48,33 +63,95 @@ _TASKS: dict[str, type] = {}
 def register_task(name: str) -> Callable[[type], type]:
     def add(cls: type) -> type:
         cls.name = name
+        cls.plain_template = getattr(cls, "plain_template", "{prompt}")
         _TASKS[name] = cls
         return cls
 
     return add
 
 
+def registered_tasks() -> tuple[str, ...]:
+    return tuple(sorted(_TASKS))
+
+
+def load_object(dotted: str, key: str) -> Any:
+    """`package.module:attribute` -> the attribute; ConfigError naming `key` otherwise."""
+    module_name, _, attribute = dotted.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f'{key}="{dotted}": expected a dotted path like mypkg.rewards:score')
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ConfigError(f'{key}="{dotted}": cannot load it ({type(error).__name__}: {error})') from None
+
+
 def task_class(name: str) -> type:
+    """A registered task, or a user's task class given as `package.module:Class`."""
+    if ":" in name:
+        return load_object(name, "task.name")
+    if name not in _TASKS:
+        raise ConfigError(f'task.name="{name}": unknown task; allowed: {", ".join(registered_tasks())}, '
+                          "or a class path like mypkg.tasks:MyTask")
     return _TASKS[name]
 
 
-def registered_tasks() -> tuple[str, ...]:
-    return tuple(sorted(_TASKS))
+class CustomReward:
+    """A task whose reward (and correctness: reward >= the top of its range) is the user's
+    function `reward(completion, example) -> float`, given as task.reward=pkg.module:func."""
+
+    def __init__(self, task: Task, reward: Callable[[str, Example], float]):
+        self.task = task
+        self._reward = reward
+        self.name = task.name
+        self.plain_template = task.plain_template
+        self.reward_range = task.reward_range
+
+    def splits(self) -> Splits:
+        return self.task.splits()
+
+    def reward(self, completion: str, example: Example) -> float:
+        return float(self._reward(completion, example))
+
+    def correct(self, completion: str, example: Example) -> bool:
+        return self.reward(completion, example) >= self.reward_range[1]
+
+
+def build_task(cfg: TaskConfig, seed: int) -> Task:
+    task = task_class(cfg.name)(cfg, seed)
+    if cfg.reward is not None:
+        return CustomReward(task, load_object(cfg.reward, "task.reward"))
+    return task
+
+
+def split_examples(examples: list[Example], cfg: TaskConfig, seed: int, salt: str) -> Splits:
+    """Shuffle with the seed, then take held-out, selection and train, in that order, so
+    growing train_size never moves an example out of the held-out set."""
+    from evora.lora.noise import noise_key
+
+    shuffled = list(examples)
+    random.Random(noise_key(seed, salt)).shuffle(shuffled)
+    heldout = shuffled[:cfg.eval_size]
+    selection = shuffled[cfg.eval_size:cfg.eval_size + cfg.selection_size]
+    train = shuffled[cfg.eval_size + cfg.selection_size:][:cfg.train_size]
+    return Splits(tuple(train), tuple(selection), tuple(heldout))
 
 
 @dataclass(frozen=True)
 class Scores:
     rewards: list[float]
+    correct: list[bool]
     errors: int  # reward calls that raised and scored the penalty
 
 
 def score_completions(task: Task, completions: Sequence[str], examples: Sequence[Example],
                       penalty: float) -> Scores:
-    rewards, errors = [], 0
+    rewards, correct, errors = [], [], 0
     for completion, example in zip(completions, examples):
         try:
             rewards.append(float(task.reward(completion, example)))
+            correct.append(bool(task.correct(completion, example)))
         except Exception:  # a reward bug must not kill a generation; it is counted
             rewards.append(penalty)
+            correct.append(False)
             errors += 1
-    return Scores(rewards, errors)
+    return Scores(rewards, correct, errors)

@@ -52,6 +52,7 @@ def assert_bitwise_equal(a: dict, b: dict) -> None:
     ("lora.rank=3", "lora.rank=3: allowed: 1, 8"),
     ("model.path=/missing/model/dir", "model.path=\"/missing/model/dir\""),
     ("strategy.sigma=0.1)", "malformed override"),
+    ("task.fitness=loss*2", 'task.fitness="loss*2": unknown name "loss"'),
 ])
 def test_bad_input_fails_in_one_line_before_ray_starts(override, key, tmp_path):
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
@@ -82,6 +83,11 @@ def test_run_folder_outputs_and_console(tmp_path):
     assert load(run_dir / "checkpoints" / "latest.pt")["next_generation"] == 3
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert summary["final_heldout"] == records[3]["heldout_reward"]
+    assert summary["best_chosen_on"] == "selection" and "selection_fitness" in records[3]
+    comparison = json.loads((run_dir / "eval" / "best_vs_base.json").read_text())
+    assert comparison["base_metrics"]["reward"] == records[0]["base_heldout_reward"]
+    assert comparison["adapter_metrics"]["reward"] == summary["best_heldout"]
+    assert (run_dir / "eval" / "best_vs_base.md").read_text().startswith("# Evaluation: adapters/best")
     assert "gen    3/3" in stdout and "held-out reward: base model" in stdout
     assert not list(Path("/dev/shm").glob("evora-*")), "adapters left in /dev/shm"
 
@@ -127,6 +133,36 @@ def test_resume_refuses_to_change_the_trajectory(tmp_path):
     result = run_evora([f"resume={run_dir}", "strategy.sigma=0.5"], cwd=tmp_path)
     assert result.returncode == 2
     assert "strategy.sigma: cannot change when resuming" in result.stderr
+
+
+# --- evaluation ---------------------------------------------------------------------------
+
+def test_eval_compare_writes_both_reports_and_agrees_with_the_run(tmp_path):
+    run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    result = run_evora(["eval", f"adapter={run_dir / 'adapters' / 'best'}", "compare=true", "hardware.num_workers=1"],
+                       cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "heldout accuracy: base model" in result.stdout
+    report = json.loads((run_dir / "eval" / "best" / "compare.json").read_text())
+    markdown = (run_dir / "eval" / "best" / "compare.md").read_text()
+    in_run = json.loads((run_dir / "eval" / "best_vs_base.json").read_text())
+    assert report["counts"] == in_run["counts"] and report["examples"] == 64
+    assert report["base_metrics"]["accuracy"] == in_run["base_metrics"]["accuracy"]
+    assert "perplexity" in report["adapter_metrics"]
+    assert f"Improvements (base wrong, adapter right): {report['counts']['improvements']}" in markdown
+    assert sum(report["counts"].values()) == report["examples"]
+
+
+def test_malformed_data_file_fails_with_file_and_line_before_ray(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n')
+    ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
+    result = run_evora(["task=jsonl", f"task.data_path={bad}", "task.max_tokens=8", f"tracking.out_dir={tmp_path}"],
+                       cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"evora: error: {bad}:2: invalid JSON: Expecting value"
+    assert not any(ray_tmp.iterdir())
+    shutil.rmtree(ray_tmp)
 
 
 # --- other engines and tasks through the whole runtime ----------------------------------

@@ -13,8 +13,20 @@ from evora.tasks import build_task
 from evora.tasks.addition import heldout_pairs, prompt_of
 from evora.tasks.countdown import countdown_prompt
 
-PROMPTS = [prompt_of(a, b) for a, b in heldout_pairs()[7::40]][:28] + [
+PROMPT_TEXTS = [prompt_of(a, b) for a, b in heldout_pairs()[7::40]][:28] + [
     countdown_prompt([3, 5, 7], 22), countdown_prompt([10, 2, 4, 8], 40), "7+", "12"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_path)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    return [tokenizer(text).input_ids for text in PROMPT_TEXTS]
 
 
 @pytest.fixture(scope="module")
@@ -46,24 +58,24 @@ def layout(tiny_shapes, tiny_path):
                         layers=[1], base_model=tiny_path)
 
 
-def texts(engine, adapter, max_tokens=12):
-    return [c.text for c in engine.generate(PROMPTS, [adapter] * len(PROMPTS), max_tokens)]
+def texts(engine, adapter, prompts, max_tokens=12):
+    return [c.text for c in engine.generate(prompts, [adapter] * len(prompts), max_tokens)]
 
 
-def test_parity_vllm_hf_for_a_nontrivial_adapter(vllm_engine, hf_engine, scratch, layout):
-    assert len(PROMPTS) >= 16
+def test_parity_vllm_hf_for_a_nontrivial_adapter(vllm_engine, hf_engine, scratch, layout, prompts):
+    assert len(prompts) >= 16
     ref = scratch.write("parity", random_adapter(layout, seed=0, a_std=None, b_std=1.0), layout, torch.float32)
-    with_vllm, with_hf = texts(vllm_engine, ref), texts(hf_engine, ref)
-    base_vllm, base_hf = texts(vllm_engine, None), texts(hf_engine, None)
+    with_vllm, with_hf = texts(vllm_engine, ref, prompts), texts(hf_engine, ref, prompts)
+    base_vllm, base_hf = texts(vllm_engine, None, prompts), texts(hf_engine, None, prompts)
     assert with_vllm == with_hf
     assert base_vllm == base_hf
     changed = sum(a != b for a, b in zip(with_vllm, base_vllm))
-    assert changed >= len(PROMPTS) // 2, f"adapter changed only {changed} completions: is it applied?"
+    assert changed >= len(prompts) // 2, f"adapter changed only {changed} completions: is it applied?"
     vllm_engine.release([ref])
     hf_engine.release([ref])
 
 
-def test_vllm_applies_exactly_the_written_layers(vllm_engine, scratch, layout, tiny_path):
+def test_vllm_applies_exactly_the_written_layers(vllm_engine, scratch, layout, tiny_path, prompts):
     """vLLM's output equals a transformers model with B@A merged into layer 1 only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -75,27 +87,39 @@ def test_vllm_applies_exactly_the_written_layers(vllm_engine, scratch, layout, t
             merged.get_parameter(f"{slot.name}.weight").add_(layout.scale * tensors[slot.b_key] @ tensors[slot.a_key])
     tok = AutoTokenizer.from_pretrained(tiny_path)
     expected = []
-    for prompt in PROMPTS:
-        ids = tok(prompt, return_tensors="pt").input_ids
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
         out = merged.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
                               eos_token_id=tok.eos_token_id)[0, ids.shape[1]:].tolist()
         expected.append(tok.decode(out, skip_special_tokens=True))
-    assert texts(vllm_engine, ref) == expected
+    assert texts(vllm_engine, ref, prompts) == expected
     vllm_engine.release([ref])
 
 
-def test_mixed_batch_serves_each_request_its_own_adapter(vllm_engine, scratch, layout):
+def test_mixed_batch_serves_each_request_its_own_adapter(vllm_engine, scratch, layout, prompts):
     a = scratch.write("a", random_adapter(layout, seed=1, a_std=None, b_std=1.0), layout, torch.float32)
     b = scratch.write("b", random_adapter(layout, seed=2, a_std=None, b_std=1.0), layout, torch.float32)
     assert a.lora_id != b.lora_id
-    alone_a, alone_b = texts(vllm_engine, a), texts(vllm_engine, b)
+    alone_a, alone_b = texts(vllm_engine, a, prompts), texts(vllm_engine, b, prompts)
     assert alone_a != alone_b
-    mixed = vllm_engine.generate(PROMPTS * 3, [a] * len(PROMPTS) + [None] * len(PROMPTS) + [b] * len(PROMPTS), 12)
-    n = len(PROMPTS)
+    n = len(prompts)
+    mixed = vllm_engine.generate(prompts * 3, [a] * n + [None] * n + [b] * n, 12)
     assert [c.text for c in mixed[:n]] == alone_a
-    assert [c.text for c in mixed[n:2 * n]] == texts(vllm_engine, None)
+    assert [c.text for c in mixed[n:2 * n]] == texts(vllm_engine, None, prompts)
     assert [c.text for c in mixed[2 * n:]] == alone_b
     vllm_engine.release([a, b])
+
+
+def test_base_requests_stay_base_when_every_adapter_slot_is_busy(vllm_engine, scratch, layout, prompts):
+    """vLLM's CPU LoRA ops gave base-model rows the last slot's adapter when max_loras
+    adapters shared the batch; evora's replacement must not."""
+    refs = [scratch.write(f"busy{i}", random_adapter(layout, seed=10 + i, a_std=None, b_std=1.0), layout,
+                          torch.float32) for i in range(4)]  # max_loras=4: every slot in use
+    n = len(prompts)
+    mixed = vllm_engine.generate(prompts * 5, [r for r in refs for _ in prompts] + [None] * n, 12)
+    assert [c.text for c in mixed[4 * n:]] == texts(vllm_engine, None, prompts)
+    assert [c.text for c in mixed[3 * n:4 * n]] == texts(vllm_engine, refs[3], prompts)
+    vllm_engine.release(refs)
 
 
 def test_scratch_ids_are_fresh_and_folders_are_removed(layout):
@@ -109,12 +133,12 @@ def test_scratch_ids_are_fresh_and_folders_are_removed(layout):
     assert not store.dir.exists()
 
 
-def test_tiny_model_base_accuracy_is_clearly_between_0_and_1(vllm_engine):
+def test_tiny_model_base_accuracy_is_clearly_between_0_and_1(vllm_engine, tokenizer):
     """The quickstart needs room to improve: the base model answers just the sum about
     half the time (it knows most sums but often keeps writing)."""
     heldout = build_task(TaskConfig(name="addition", eval_size=256), seed=0).splits().heldout
     pairs = [(e.data["a"], e.data["b"]) for e in heldout]
-    out = vllm_engine.generate([e.prompt for e in heldout], [None] * len(pairs), 8)
+    out = vllm_engine.generate([tokenizer(e.prompt).input_ids for e in heldout], [None] * len(pairs), 8)
     exact = sum(c.text.strip() == str(a + b) for c, (a, b) in zip(out, pairs)) / len(pairs)
     first = sum(c.text.split(" ")[0] == str(a + b) for c, (a, b) in zip(out, pairs)) / len(pairs)
     assert 0.25 < exact < 0.75, exact
@@ -128,3 +152,23 @@ def test_grouped_cpu_lora_ops_are_installed(vllm_engine):
 
     assert vllm_engine.grouped_cpu_lora
     assert punica_cpu.bgmv_shrink is vllm_cpu_lora.bgmv_shrink
+
+
+def test_perplexity_of_vllm_and_hf_agree_within_one_percent(vllm_engine, hf_engine, scratch, layout, tokenizer):
+    from evora.tasks.fitness import perplexity
+    from evora.tasks.prompts import PromptRenderer
+
+    renderer = PromptRenderer(tokenizer, "plain")
+    examples = build_task(TaskConfig(name="addition", eval_size=32), seed=0).splits().heldout
+    prompts = [renderer.ids(e) for e in examples]
+    targets = [renderer.target_ids(e) for e in examples]
+    ref = scratch.write("ppl", random_adapter(layout, seed=3, a_std=None, b_std=0.5), layout, torch.float32)
+    mixed = [None if i % 2 else ref for i in range(len(prompts))]  # base and adapter in one call
+    for adapters in ([None] * len(prompts), [ref] * len(prompts), mixed):
+        ppl_vllm = [perplexity(lp) for lp in vllm_engine.score(prompts, targets, adapters)]
+        ppl_hf = [perplexity(lp) for lp in hf_engine.score(prompts, targets, adapters)]
+        for a, b in zip(ppl_vllm, ppl_hf):
+            assert abs(a - b) <= 0.01 * b, (a, b)
+    assert len(set(round(p, 3) for p in ppl_vllm)) > 1  # per-example values, not one constant
+    vllm_engine.release([ref])
+    hf_engine.release([ref])

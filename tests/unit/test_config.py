@@ -1,6 +1,7 @@
 """Every shipped config composes and validates; bad values fail with one line naming the key."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -23,12 +24,19 @@ def test_paper_defaults_in_strategy_es():
     assert run.strategy.shaping == "zscore"
 
 
+DATA = Path(__file__).resolve().parents[1] / "data"
+# Options that need company: long-context tasks need a real model, jsonl needs a file.
+WITH = {("task", "jsonl"): [f"task.data_path={DATA / 'qa.jsonl'}", "task.eval_size=2", "task.selection_size=0",
+                            "task.prompts_per_generation=4"]}
+
+
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_option_of_every_group_composes(group):
     options = group_options(group)
     assert options
     for option in options:
-        run = compose_run([f"{group}={option}"])
+        extra = ["model=qwen2_5_0_5b"] if group == "task" and option != "addition" else []
+        run = compose_run([f"{group}={option}", *extra, *WITH.get((group, option), [])])
         assert getattr(run, group).name == option or group == "model"
 
 
@@ -54,10 +62,16 @@ def test_configs_are_frozen():
     ("hardware.gpu_memory_utilization=1.5", "hardware.gpu_memory_utilization=1.5: must be in (0, 1]"),
     ("resume=/no/such/run", 'resume="/no/such/run": run folder not found'),
     ("lora.target_modules=[c_attn]", "lora.target_modules=['c_attn']: no linear module of the model matches"),
+    ("task=countdown", "task.max_tokens=1024: must be in 1..model.max_model_len - 1 (511)"),
+    ("task.fitness=loss", 'task.fitness="loss": unknown name "loss"'),
+    ("task.prompt_format=html", 'task.prompt_format="html": allowed: auto, chat, plain'),
+    ("task.reward=nowhere:score", 'task.reward="nowhere:score": cannot load it'),
+    ("task.scorer=bleu", 'task.scorer="bleu": allowed:'),
+    (f"task=jsonl task.data_path={DATA / 'qa.jsonl'}", "task.prompts_per_generation=32: the data gives only 0 train"),
 ])
 def test_bad_values_name_the_key_and_allowed_values(override, message):
     with pytest.raises(ConfigError) as error:
-        compose_run([override])
+        compose_run(override.split(" "))
     assert message in str(error.value)
     assert "\n" not in str(error.value)
 

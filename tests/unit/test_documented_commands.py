@@ -29,7 +29,7 @@ def readme_commands() -> list[str]:
         line = line.split(" #")[0].strip()
         line = line.split(" -- ", 1)[1] if " -- evora" in line else line  # ray job submit ... -- evora
         line = line.removeprefix(".venv/bin/")
-        if line.startswith("evora ") or line == "evora":
+        if re.match(r"^(\w+=\S+ )*evora( |$)", line):
             commands.append(line)
     return commands
 
@@ -51,8 +51,19 @@ def test_there_are_commands_to_check():
     assert len(conf_header_commands()) >= len(list(CONF_DIR.rglob("*.yaml"))) - 3
 
 
+EVAL_OPTIONS = ("adapter=", "compare=", "split=", "out=")
+
+
 @pytest.mark.parametrize("command", sorted(set(readme_commands() + conf_header_commands())))
-def test_documented_command_composes(command, tmp_path):
-    argv = shlex.split(command)[1:]
+def test_documented_command_composes(command, monkeypatch):
+    words = shlex.split(command)
+    while "=" in words[0]:  # environment assignments, e.g. PYTHONPATH=examples
+        name, _, value = words.pop(0).partition("=")
+        if name == "PYTHONPATH":
+            monkeypatch.syspath_prepend(str(ROOT / value))
+    argv = words[1:]
+    if argv[:1] == ["eval"]:  # evora eval: its own options, then config overrides
+        argv = [a for a in argv[1:] if not a.startswith(EVAL_OPTIONS)]
     argv = [a for a in argv if not a.startswith("resume=")]  # resume needs a real run folder
+    monkeypatch.chdir(ROOT)
     assert preflight(argv) or "--cfg" in argv

@@ -1,0 +1,1 @@
+"""Reports and comparisons built from a run's outputs. No Ray, vLLM or W&B here."""

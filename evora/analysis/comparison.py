@@ -1,0 +1,87 @@
+"""Base-vs-adapter comparison on one split (seed 000's comparison report): accuracy of
+each, improvements (base wrong, adapter right), regressions, both wrong, with the
+examples listed. Written as JSON and markdown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+SHOWN_CHARS = 400  # completions are cut to this in the markdown (the JSON has them whole)
+
+
+class Outcome(Protocol):  # evora.distributed.evaluate.SplitOutcome, kept structural here
+    rewards: Any
+    correct: Any
+    texts: list[str] | None
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+def _row(i: int, example: Any, base: Outcome | None, adapter: Outcome) -> dict[str, Any]:
+    row = {"index": i, "prompt": example.prompt, "answer": example.answer,
+           "adapter": adapter.texts[i], "adapter_reward": float(adapter.rewards[i]),
+           "adapter_correct": bool(adapter.correct[i])}
+    if base is not None:
+        row.update(base=base.texts[i], base_reward=float(base.rewards[i]), base_correct=bool(base.correct[i]))
+    return row
+
+
+def build_report(examples: Sequence[Any], adapter: Outcome, base: Outcome | None, *, task: str, split: str,
+                 adapter_name: str) -> dict[str, Any]:
+    rows = [_row(i, e, base, adapter) for i, e in enumerate(examples)]
+    report: dict[str, Any] = {"task": task, "split": split, "adapter": adapter_name, "examples": len(rows),
+                              "adapter_metrics": adapter.metrics()}
+    if base is None:
+        report["rows"] = rows
+        return report
+    groups = {
+        "improvements": [r for r in rows if r["adapter_correct"] and not r["base_correct"]],
+        "regressions": [r for r in rows if r["base_correct"] and not r["adapter_correct"]],
+        "both_wrong": [r for r in rows if not r["base_correct"] and not r["adapter_correct"]],
+        "both_right": [r for r in rows if r["base_correct"] and r["adapter_correct"]],
+    }
+    report["base_metrics"] = base.metrics()
+    report["counts"] = {name: len(group) for name, group in groups.items()}
+    report.update(groups)
+    return report
+
+
+def _cut(text: str) -> str:
+    text = text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + " [...]"
+    return text.replace("|", "\\|").replace("\n", "⏎ ")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    adapter = report["adapter_metrics"]
+    lines = [f"# Evaluation: {report['adapter']} on {report['task']} ({report['split']}, {report['examples']} examples)",
+             ""]
+    if "base_metrics" not in report:
+        lines += ["| metric | adapter |", "| --- | --- |"]
+        lines += [f"| {k} | {v:.4f} |" for k, v in adapter.items()]
+        return "\n".join(lines) + "\n"
+    base = report["base_metrics"]
+    lines += ["| metric | base model | adapter | change |", "| --- | --- | --- | --- |"]
+    lines += [f"| {k} | {base[k]:.4f} | {adapter[k]:.4f} | {adapter[k] - base[k]:+.4f} |" for k in adapter if k in base]
+    counts = report["counts"]
+    lines += ["", f"Improvements (base wrong, adapter right): {counts['improvements']}  ",
+              f"Regressions (base right, adapter wrong): {counts['regressions']}  ",
+              f"Both wrong: {counts['both_wrong']}  ", f"Both right: {counts['both_right']}", ""]
+    for name, title in (("improvements", "Improvements"), ("regressions", "Regressions"), ("both_wrong", "Both wrong")):
+        lines += [f"## {title} ({counts[name]})", ""]
+        if report[name]:
+            lines += ["| # | prompt | answer | base model | adapter |", "| --- | --- | --- | --- | --- |"]
+            lines += [f"| {r['index']} | {_cut(r['prompt'])} | {_cut(r['answer'])} | {_cut(r['base'])} | "
+                      f"{_cut(r['adapter'])} |" for r in report[name]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_reports(report: dict[str, Any], out_dir: str | Path, stem: str = "compare") -> tuple[Path, Path]:
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = folder / f"{stem}.json", folder / f"{stem}.md"
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    md_path.write_text(markdown(report))
+    return md_path, json_path

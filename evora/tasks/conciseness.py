@@ -1,0 +1,55 @@
+"""Conciseness (the ES paper's task; seeds 001/002): answer at the length of a reference.
+
+Reward -|len(completion) - len(target)| in characters, in [-len(completion) - len(target), 0]:
+0 is a completion exactly as long as the reference. Correct when the length is within
+20% (at least 2 characters) of the reference's. The paper's minimal supervision: 2
+training prompts, 8 test prompts (`data_files/conciseness_*.jsonl`, written for evora);
+task.data_path can point to a JSONL file of prompt/target records instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from evora.config.schema import TaskConfig
+from evora.tasks.base import Example, Splits, register_task, split_examples
+from evora.tasks.data import read_records, require
+
+DATA = Path(__file__).resolve().parent / "data_files"
+
+
+def length_gap(completion: str, target: str) -> int:
+    return abs(len(completion.strip()) - len(target))
+
+
+def _examples(path: str) -> list[Example]:
+    examples = []
+    for record, where in read_records(path):
+        require(record, where, ("prompt", "target"))
+        examples.append(Example(str(record["prompt"]), str(record["target"]), target=str(record["target"])))
+    return examples
+
+
+@register_task("conciseness")
+class ConcisenessTask:
+    name: ClassVar[str]
+    reward_range: ClassVar[tuple[float, float]] = (float("-inf"), 0.0)
+
+    def __init__(self, cfg: TaskConfig, seed: int):
+        self.cfg = cfg
+        self.seed = seed
+
+    def splits(self) -> Splits:
+        if self.cfg.data_path is not None:
+            return split_examples(_examples(self.cfg.data_path), self.cfg, self.seed, "conciseness-split")
+        train = _examples(str(DATA / "conciseness_train.jsonl"))[:self.cfg.train_size]
+        test = _examples(str(DATA / "conciseness_test.jsonl"))
+        selection, heldout = test[:self.cfg.selection_size], test[self.cfg.selection_size:]
+        return Splits(tuple(train), tuple(selection), tuple(heldout[:self.cfg.eval_size]))
+
+    def reward(self, completion: str, example: Example) -> float:
+        return -float(length_gap(completion, example.answer))
+
+    def correct(self, completion: str, example: Example) -> bool:
+        return length_gap(completion, example.answer) <= max(2, 0.2 * len(example.answer))

@@ -1,0 +1,77 @@
+"""Per-candidate fitness from a config expression over its metrics.
+
+    task.fitness: reward                          (default: the task's mean reward)
+    task.fitness: accuracy - perplexity / 100     (seed 000's LoRALab fitness)
+    task.fitness: reward - 0.001 * tokens         (reward with a length penalty)
+
+Names: reward, accuracy (mean correct), perplexity (of the reference completion, capped
+at 1000), tokens (mean completion length). Parsed once with a whitelisted AST; numbers
+and + - * / only.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from evora.errors import ConfigError
+
+VARIABLES = ("reward", "accuracy", "perplexity", "tokens")
+PERPLEXITY_CAP = 1000.0
+_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+        ast.Div: lambda a, b: a / b if b else 0.0}
+
+
+def perplexity(token_logprobs: Sequence[float]) -> float:
+    """exp(-mean log p) of a reference completion, capped at 1000 (seed 000)."""
+    if not token_logprobs:
+        return PERPLEXITY_CAP
+    mean_nll = -sum(token_logprobs) / len(token_logprobs)
+    return PERPLEXITY_CAP if mean_nll > math.log(PERPLEXITY_CAP) else math.exp(mean_nll)
+
+
+@dataclass(frozen=True)
+class FitnessExpression:
+    text: str
+    tree: ast.Expression
+
+    @property
+    def names(self) -> set[str]:
+        return {n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name)}
+
+    @property
+    def needs_perplexity(self) -> bool:
+        return "perplexity" in self.names
+
+    def __call__(self, metrics: Mapping[str, float]) -> float:
+        def visit(node: ast.AST) -> float:
+            if isinstance(node, ast.Expression):
+                return visit(node.body)
+            if isinstance(node, ast.Constant):
+                return float(node.value)
+            if isinstance(node, ast.Name):
+                return float(metrics[node.id])
+            if isinstance(node, ast.UnaryOp):
+                return -visit(node.operand) if isinstance(node.op, ast.USub) else visit(node.operand)
+            return _OPS[type(node.op)](visit(node.left), visit(node.right))
+
+        return visit(self.tree)
+
+
+def parse_fitness(text: str) -> FitnessExpression:
+    """The expression, or a ConfigError naming task.fitness and what is allowed."""
+    rule = f"allowed: numbers, + - * / ( ) and the names {', '.join(VARIABLES)}"
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise ConfigError(f'task.fitness="{text}": not an expression; {rule}') from None
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.USub, ast.UAdd, *_OPS)
+    for node in ast.walk(tree):
+        number = isinstance(node, ast.Constant) and type(node.value) in (int, float)
+        if not number and not isinstance(node, allowed):
+            raise ConfigError(f'task.fitness="{text}": {type(node).__name__} is not allowed; {rule}')
+        if isinstance(node, ast.Name) and node.id not in VARIABLES:
+            raise ConfigError(f'task.fitness="{text}": unknown name "{node.id}"; {rule}')
+    return FitnessExpression(text, tree)
