@@ -78,6 +78,28 @@ class ESConfig:
 
 
 @dataclass(frozen=True)
+class GAConfig:
+    name: str = "ga"
+    population: int = 16
+    keep_top: int = 2  # elites carried unchanged into the next generation
+    parents: int = 4  # best members of a generation that may parent the next one (>= keep_top)
+    selection: str = "tournament"  # truncation | tournament (among the parents)
+    tournament_size: int = 2
+    crossover_rate: float = 0.2
+    crossover: str = "module"  # module | layer | blend
+    mutation_rate: float = 1.0  # chance that a module (its A and B) is mutated
+    mutation_scale: float = 0.01
+    self_adaptive: bool = False  # each member carries its own mutation scale
+    adaptation_rate: float = 0.2  # log-normal step of a self-adaptive scale
+    encoding: str = "tensors"  # tensors | seeds (a chain of mutation seeds; needs crossover_rate=0)
+    noise_scale: str = "uniform"  # uniform | per_layer
+    init: str = "random"  # random | path
+    init_a_std: Optional[float] = None
+    init_b_std: float = 0.0
+    init_path: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     name: str = "vllm"
     max_loras: int = 8
@@ -125,7 +147,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
-    strategy: Any = None  # typed by the chosen strategy option's schema (ESConfig, ...)
+    strategy: Any = None  # typed by the chosen strategy option's schema (ESConfig, GAConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

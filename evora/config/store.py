@@ -16,6 +16,7 @@ SCHEMAS: dict[tuple[str, str], type] = {
     ("model", "schema"): schema.ModelConfig,
     ("task", "schema"): schema.TaskConfig,
     ("strategy", "es_schema"): schema.ESConfig,
+    ("strategy", "ga_schema"): schema.GAConfig,
     ("engine", "schema"): schema.EngineConfig,
     ("hardware", "schema"): schema.HardwareConfig,
     ("tracking", "schema"): schema.TrackingConfig,

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from evora.config.schema import VLLM_LORA_RANKS, ESConfig, RunConfig
+from evora.config.schema import VLLM_LORA_RANKS, ESConfig, GAConfig, RunConfig
 from evora.errors import ConfigError
 from evora.models import ModelLocation, locate_model
 
@@ -144,18 +144,47 @@ def _check_es(es: ESConfig) -> None:
     require(0 <= es.beta1 < 1, "strategy.beta1", es.beta1, "must be in [0, 1)")
     require(0 <= es.beta2 < 1, "strategy.beta2", es.beta2, "must be in [0, 1)")
     require(es.eps > 0, "strategy.eps", es.eps, "must be > 0")
-    choice("strategy.noise_scale", es.noise_scale, ("uniform", "per_layer"))
-    choice("strategy.init", es.init, ("random", "path"))
-    if es.init_a_std is not None:
-        require(es.init_a_std >= 0, "strategy.init_a_std", es.init_a_std, "must be >= 0, or null")
-    require(es.init_b_std >= 0, "strategy.init_b_std", es.init_b_std, "must be >= 0")
-    if es.init == "path":
-        path = es.init_path
+    _check_init(es)
+
+
+def _check_init(cfg: Any) -> None:
+    choice("strategy.noise_scale", cfg.noise_scale, ("uniform", "per_layer"))
+    choice("strategy.init", cfg.init, ("random", "path"))
+    if cfg.init_a_std is not None:
+        require(cfg.init_a_std >= 0, "strategy.init_a_std", cfg.init_a_std, "must be >= 0, or null")
+    require(cfg.init_b_std >= 0, "strategy.init_b_std", cfg.init_b_std, "must be >= 0")
+    if cfg.init == "path":
+        path = cfg.init_path
         require(path is not None and (Path(path) / "adapter_config.json").is_file(),
                 "strategy.init_path", path, "must be a PEFT adapter directory when strategy.init=path")
 
 
-STRATEGY_CHECKS: dict[type, Callable[[Any], None]] = {ESConfig: _check_es}
+def _check_ga(ga: GAConfig) -> None:
+    require(ga.population >= 2, "strategy.population", ga.population, "must be an integer >= 2")
+    require(1 <= ga.keep_top < ga.population, "strategy.keep_top", ga.keep_top,
+            f"must be in 1..strategy.population - 1 ({ga.population - 1}): elites leave room for offspring")
+    require(ga.keep_top <= ga.parents <= ga.population, "strategy.parents", ga.parents,
+            f"must be in strategy.keep_top..strategy.population ({ga.keep_top}..{ga.population})")
+    choice("strategy.selection", ga.selection, ("truncation", "tournament"))
+    require(1 <= ga.tournament_size <= ga.parents, "strategy.tournament_size", ga.tournament_size,
+            f"must be in 1..strategy.parents ({ga.parents})")
+    for key in ("crossover_rate", "mutation_rate"):
+        value = getattr(ga, key)
+        require(0 <= value <= 1, f"strategy.{key}", value, "must be in [0, 1]")
+    if ga.crossover_rate > 0:
+        require(ga.parents >= 2, "strategy.crossover_rate", ga.crossover_rate,
+                "crossover needs two parents: set strategy.parents >= 2 or strategy.crossover_rate=0")
+    choice("strategy.crossover", ga.crossover, ("module", "layer", "blend"))
+    require(ga.mutation_scale > 0, "strategy.mutation_scale", ga.mutation_scale, "must be > 0")
+    require(ga.adaptation_rate >= 0, "strategy.adaptation_rate", ga.adaptation_rate, "must be >= 0")
+    choice("strategy.encoding", ga.encoding, ("tensors", "seeds"))
+    if ga.encoding == "seeds":
+        require(ga.crossover_rate == 0, "strategy.encoding", ga.encoding,
+                "seeds (a chain of mutation seeds) needs strategy.crossover_rate=0")
+    _check_init(ga)
+
+
+STRATEGY_CHECKS: dict[type, Callable[[Any], None]] = {ESConfig: _check_es, GAConfig: _check_ga}
 
 
 def _check_strategy(run: RunConfig) -> None:

@@ -37,7 +37,7 @@ from evora.tasks import build_task
 from evora.tasks.fitness import parse_fitness
 from evora.tracking import checkpoint
 from evora.tracking.metrics import JsonlSink, MetricsSink, WandbSink
-from evora.tracking.run_dir import config_dict, write_config
+from evora.tracking.run_dir import LINEAGE_FILE, config_dict, write_config
 
 
 @dataclass
@@ -57,6 +57,16 @@ def spread(prefix: str, values: np.ndarray) -> dict[str, float]:
     return {f"{prefix}_mean": float(values.mean()), f"{prefix}_std": float(values.std()),
             f"{prefix}_min": float(values.min()), f"{prefix}_max": float(values.max()),
             f"{prefix}_p20": float(np.percentile(values, 20)), f"{prefix}_p80": float(np.percentile(values, 80))}
+
+
+def finite_fitness(fitness: np.ndarray) -> tuple[np.ndarray, int]:
+    """NaN or infinite fitness (a broken reward) becomes the generation's worst finite value,
+    so it can neither win a selection nor poison shaping; returns how many there were."""
+    bad = ~np.isfinite(fitness)
+    if bad.any():
+        finite = fitness[~bad]
+        fitness = np.where(bad, finite.min() if finite.size else 0.0, fitness)
+    return fitness, int(bad.sum())
 
 
 def timing_sums(results: list[UnitResult]) -> dict[str, float]:
@@ -88,6 +98,8 @@ class Driver:
         check_split_sizes(run.task, self.splits)  # hub data is only seen here
         self._restore_or_init()
         self.sinks = self._open_sinks()
+        completed = self.next_generation if self.resumed else -1
+        self.lineage = JsonlSink(self.run_dir, completed, LINEAGE_FILE) if hasattr(self.strategy, "lineage") else None
         self.pool = WorkerPool.start(WorkerSpec(run, self.location.path, self.layout, scales, self.run_tag))
 
     def _restore_or_init(self) -> None:
@@ -153,12 +165,18 @@ class Driver:
         results = self.pool.run(ray.put(payload), units)
         evaluated = time.perf_counter()
         metrics = candidate_metrics(results, len(specs))
-        fitness = np.array([self.fitness({k: v[i] for k, v in metrics.items()}) for i in range(len(specs))])
+        fitness, invalid = finite_fitness(
+            np.array([self.fitness({k: v[i] for k, v in metrics.items()}) for i in range(len(specs))]))
+        previous = self.state
         self.state, update_stats = self.strategy.tell(self.state, specs, fitness)
+        if self.lineage is not None:
+            for member in self.strategy.lineage(previous, specs, fitness, self.state):
+                self.lineage.log(member)
         updated = time.perf_counter()
         done = generation + 1
         record: dict[str, Any] = {"generation": done, **spread("reward", metrics["reward"]),
-                                  "accuracy_mean": float(metrics["accuracy"].mean()), **update_stats}
+                                  "accuracy_mean": float(metrics["accuracy"].mean()), "fitness_invalid": invalid,
+                                  **update_stats}
         if self.fitness.text != "reward":
             record.update(spread("fitness", fitness))
         if self._eval_due(done):
@@ -178,7 +196,7 @@ class Driver:
         done = self.run_cfg.generations
         adapters = self.run_dir / "adapters"
         center = self.strategy.center(self.state)
-        save_adapter(adapters / "mean", center, self.layout)
+        save_adapter(adapters / self.strategy.center_name, center, self.layout)
         best = self.best or Best(float("nan"), done, center, self.last)
         save_adapter(adapters / "best", best.adapter, self.layout)
         counts = self._compare_best(best)
@@ -186,7 +204,8 @@ class Driver:
                    "best_heldout": best.heldout["reward"], "best_generation": best.generation, "generations": done,
                    "base_heldout_metrics": self.base, "final_heldout_metrics": self.last,
                    "best_heldout_metrics": best.heldout,
-                   "best_chosen_on": "selection" if self.splits.selection else "heldout", "best_vs_base": counts}
+                   "best_chosen_on": "selection" if self.splits.selection else "heldout", "best_vs_base": counts,
+                   "center": self.strategy.center_name}
         (self.run_dir / "eval" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return {"kind": "final", **summary, "run_dir": str(self.run_dir)}
 
@@ -204,7 +223,7 @@ class Driver:
         if pool is not None:
             pool.shutdown()
         sweep_run_scratch(self.run_cfg.engine.adapter_dir, self.run_tag)
-        for sink in getattr(self, "sinks", []):
+        for sink in [*getattr(self, "sinks", []), *filter(None, [getattr(self, "lineage", None)])]:
             sink.close()
 
     # --- pieces ---------------------------------------------------------------------

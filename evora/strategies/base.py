@@ -37,6 +37,8 @@ class CandidateSpec:
 class Strategy(Protocol):
     """Payloads are dicts whose "theta" is the adapter a CENTER spec stands for."""
 
+    center_name: str  # what the center adapter is called in the run folder (mean, elite)
+
     def initial_state(self, adapter: Tensors) -> dict[str, Any]:
         """Plain-data state (tensors, numbers) that a checkpoint stores as it is."""
 

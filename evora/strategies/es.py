@@ -21,6 +21,8 @@ from evora.strategies.shaping import shape
 
 
 class EvolutionStrategy:
+    center_name = "mean"
+
     def __init__(self, cfg: ESConfig, run_seed: int, noise_scales: dict[str, float] | None = None):
         self.cfg = cfg
         self.run_seed = run_seed

@@ -26,8 +26,8 @@ def _clean(value: Any) -> Any:
 
 
 class JsonlSink:
-    def __init__(self, run_dir: str | Path, completed_generations: int | None = None):
-        self.path = Path(run_dir) / METRICS_FILE
+    def __init__(self, run_dir: str | Path, completed_generations: int | None = None, filename: str = METRICS_FILE):
+        self.path = Path(run_dir) / filename
         if completed_generations is not None:
             self._truncate(completed_generations)
         self.handle = open(self.path, "a")
@@ -70,8 +70,8 @@ class WandbSink:
         self.run.finish()
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS_FILE
+def read_metrics(run_dir: str | Path, filename: str = METRICS_FILE) -> list[dict[str, Any]]:
+    path = Path(run_dir) / filename
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

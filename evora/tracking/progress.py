@@ -21,11 +21,12 @@ def generation_line(s: dict[str, Any]) -> str:
 
 def final_lines(s: dict[str, Any]) -> list[str]:
     counts = s["best_vs_base"]
-    return [f"held-out reward: base model {_fmt(s['base_heldout'])} -> final mean adapter {_fmt(s['final_heldout'])}"
+    return [f"held-out reward: base model {_fmt(s['base_heldout'])} -> final {s['center']} adapter "
+            f"{_fmt(s['final_heldout'])}"
             f" (best {_fmt(s['best_heldout'])} at generation {s['best_generation']})",
             f"best adapter vs base model, held-out: {counts['improvements']} improvements, {counts['regressions']} "
             f"regressions (eval/best_vs_base.md)",
-            f"run folder: {s['run_dir']}  (adapters/mean, adapters/best: PEFT layout)"]
+            f"run folder: {s['run_dir']}  (adapters/{s['center']}, adapters/best: PEFT layout)"]
 
 
 class ConsoleProgress:

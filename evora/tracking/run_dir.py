@@ -14,6 +14,7 @@ SECRET_KEY = re.compile(r"(key|token|secret|password)$", re.IGNORECASE)
 REDACTED = "<redacted>"
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
+LINEAGE_FILE = "lineage.jsonl"  # GA/PBT family tree: one record per member
 
 
 def new_run_dir(out_dir: str, name: str, now: datetime | None = None) -> str:

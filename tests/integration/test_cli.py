@@ -33,8 +33,8 @@ def cli_run(*args: str) -> tuple[Path, str]:
     return only_run_dir(out), result.stdout
 
 
-def mean_adapter(run_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(run_dir / "adapters" / "mean" / "adapter_model.safetensors"))
+def mean_adapter(run_dir: Path, name: str = "mean") -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "adapters" / name / "adapter_model.safetensors"))
 
 
 def assert_bitwise_equal(a: dict, b: dict) -> None:
@@ -208,6 +208,58 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert fake_key.encode() not in path.read_bytes(), path
+
+
+# --- the genetic algorithm ----------------------------------------------------------------
+
+GA = ["strategy=ga", *SMALL]
+
+
+def test_ga_is_deterministic_across_worker_counts_and_resume(tmp_path):
+    two, _ = cli_run(*GA, "generations=3", "hardware.num_workers=2")
+    one, _ = cli_run(*GA, "generations=3", "hardware.num_workers=1")
+    assert_bitwise_equal(mean_adapter(one, "elite"), mean_adapter(two, "elite"))
+    assert read_metrics(one, "lineage.jsonl") == read_metrics(two, "lineage.jsonl")
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    first = run_evora([f"tracking.out_dir={out}", *GA, "generations=2", "hardware.num_workers=2"], cwd=out)
+    assert first.returncode == 0, first.stderr[-4000:]
+    part = only_run_dir(out)
+    second = run_evora([f"resume={part}", "generations=3"], cwd=out)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert_bitwise_equal(mean_adapter(part, "elite"), mean_adapter(two, "elite"))
+    assert read_metrics(part, "lineage.jsonl") == read_metrics(two, "lineage.jsonl")
+
+
+def test_ga_lineage_is_a_family_tree():
+    run_dir, _ = cli_run(*GA, "generations=3", "hardware.num_workers=2")
+    records = read_metrics(run_dir, "lineage.jsonl")
+    assert [r["generation"] for r in records] == [g for g in (1, 2, 3) for _ in range(8)]
+    known = {"g0-00-init"}
+    for generation in (1, 2, 3):
+        members = [r for r in records if r["generation"] == generation]
+        assert sum(r["survived"] for r in members) == 8  # parents = population here (tiny_ga.yaml: 8)
+        for r in members:
+            assert set(r["parents"]) <= known, r  # parents were members of an earlier generation
+        known |= {r["id"] for r in members}
+    assert {r["op"] for r in records} >= {"elite", "mutate"}
+
+
+def test_bad_ga_configs_fail_before_ray(tmp_path):
+    ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
+    for override, key in (("strategy.keep_top=32", "strategy.keep_top=32: must be in 1..strategy.population - 1"),
+                          ("strategy.crossover_rate=1.5", "strategy.crossover_rate=1.5: must be in [0, 1]")):
+        result = run_evora(["strategy=ga", override], cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"evora: error: {key}"), lines
+    assert not any(ray_tmp.iterdir())
+    shutil.rmtree(ray_tmp)
+
+
+def test_ga_quickstart_improves_heldout_reward():
+    run_dir, stdout = cli_run("strategy=ga")
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert summary["best_heldout"] > summary["base_heldout"] + 0.2, summary
+    assert "final elite adapter" in stdout and (run_dir / "adapters" / "elite").is_dir()
 
 
 # --- the quickstart ----------------------------------------------------------------------
