@@ -19,7 +19,7 @@ from evora.tracking.run_dir import new_run_dir
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "task", "strategy", "engine", "hardware", "tracking")
-STRATEGY_SCHEMAS: dict[str, type] = {"es": schema.ESConfig, "ga": schema.GAConfig}
+STRATEGY_SCHEMAS: dict[str, type] = {"es": schema.ESConfig, "ga": schema.GAConfig, "pbt": schema.PBTConfig}
 MAX_PREFLIGHT_JOBS = 512
 # Hydra flags that take a value; their values are not overrides.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",

@@ -100,6 +100,31 @@ class GAConfig:
 
 
 @dataclass(frozen=True)
+class PBTConfig:
+    name: str = "pbt"
+    population: int = 6
+    steps_per_generation: int = 50  # optimizer steps a trial trains between two evaluations
+    batch_size: int = 4
+    gradient_accumulation: int = 2
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    warmup_ratio: float = 0.1
+    ranks: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])
+    alpha_multipliers: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
+    learning_rates: list[float] = field(default_factory=lambda: [1e-5, 2e-5, 5e-5, 1e-4, 2e-4])
+    lr_factors: list[float] = field(default_factory=lambda: [0.5, 0.8, 1.25, 2.0])
+    lr_min: float = 1e-6
+    lr_max: float = 1e-2
+    dropouts: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.15])
+    target_modules: list[list[str]] = field(default_factory=lambda: [["q_proj", "k_proj", "v_proj", "o_proj"]])
+    mutation_probability: float = 0.3  # chance that each hyperparameter changes on explore
+    resample_probability: float = 0.5  # a change is a fresh draw from the list; else a neighbour / factor
+    keep_top_fraction: float = 0.3333  # the top fraction is cloned into the bottom fraction (at most 0.5)
+    fitness: str = "accuracy - perplexity / 100"  # seed 000's fitness, from reward, accuracy, perplexity, tokens
+    eval_split: str = "selection"  # where trials are scored; held-out stays for the final report
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     name: str = "vllm"
     max_loras: int = 8
@@ -122,6 +147,8 @@ class HardwareConfig:
     gpu_memory_utilization: float = 0.05
     kv_cache_gib: int = 1
     dashboard: bool = False
+    trial_cpus: float = 1.0  # PBT: CPUs each training trial reserves
+    trial_gpus: float = 0.0  # PBT: GPU fraction each training trial reserves
 
 
 @dataclass(frozen=True)
@@ -147,7 +174,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
-    strategy: Any = None  # typed by the chosen strategy option's schema (ESConfig, GAConfig)
+    strategy: Any = None  # typed by the chosen strategy option's schema (ESConfig, GAConfig, PBTConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -17,6 +17,7 @@ SCHEMAS: dict[tuple[str, str], type] = {
     ("task", "schema"): schema.TaskConfig,
     ("strategy", "es_schema"): schema.ESConfig,
     ("strategy", "ga_schema"): schema.GAConfig,
+    ("strategy", "pbt_schema"): schema.PBTConfig,
     ("engine", "schema"): schema.EngineConfig,
     ("hardware", "schema"): schema.HardwareConfig,
     ("tracking", "schema"): schema.TrackingConfig,

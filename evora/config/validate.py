@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from evora.config.schema import VLLM_LORA_RANKS, ESConfig, GAConfig, RunConfig
+from evora.config.schema import VLLM_LORA_RANKS, ESConfig, GAConfig, PBTConfig, RunConfig
 from evora.errors import ConfigError
 from evora.models import ModelLocation, locate_model
 
@@ -184,7 +184,49 @@ def _check_ga(ga: GAConfig) -> None:
     _check_init(ga)
 
 
-STRATEGY_CHECKS: dict[type, Callable[[Any], None]] = {ESConfig: _check_es, GAConfig: _check_ga}
+def _nonempty(key: str, values: list) -> None:
+    require(len(values) > 0, f"strategy.{key}", list(values), "must list at least one value")
+
+
+def _check_pbt(pbt: PBTConfig) -> None:
+    require(pbt.population >= 2, "strategy.population", pbt.population, "must be an integer >= 2")
+    for key in ("steps_per_generation", "batch_size", "gradient_accumulation"):
+        require(getattr(pbt, key) >= 1, f"strategy.{key}", getattr(pbt, key), "must be an integer >= 1")
+    for key in ("ranks", "alpha_multipliers", "learning_rates", "lr_factors", "dropouts", "target_modules"):
+        _nonempty(key, getattr(pbt, key))
+    for rank in pbt.ranks:
+        require(rank in VLLM_LORA_RANKS, "strategy.ranks", list(pbt.ranks),
+                f"rank {rank} is not one vLLM serves; allowed: {', '.join(map(str, VLLM_LORA_RANKS))}")
+    for rate in pbt.learning_rates:
+        require(rate > 0, "strategy.learning_rates", list(pbt.learning_rates), "every learning rate must be > 0")
+    require(0 < pbt.lr_min < pbt.lr_max, "strategy.lr_min", pbt.lr_min, f"must be in (0, strategy.lr_max={pbt.lr_max})")
+    for factor in pbt.lr_factors:
+        require(factor > 0, "strategy.lr_factors", list(pbt.lr_factors), "every factor must be > 0")
+    for value in pbt.alpha_multipliers:
+        require(value > 0, "strategy.alpha_multipliers", list(pbt.alpha_multipliers), "every multiplier must be > 0")
+    for value in pbt.dropouts:
+        require(0 <= value < 1, "strategy.dropouts", list(pbt.dropouts), "every dropout must be in [0, 1)")
+    for modules in pbt.target_modules:
+        require(len(modules) > 0, "strategy.target_modules", [list(m) for m in pbt.target_modules],
+                "every option must name at least one module")
+    for key in ("mutation_probability", "resample_probability"):
+        require(0 <= getattr(pbt, key) <= 1, f"strategy.{key}", getattr(pbt, key), "must be in [0, 1]")
+    require(0 < pbt.keep_top_fraction <= 0.5, "strategy.keep_top_fraction", pbt.keep_top_fraction,
+            "must be in (0, 0.5]: the top fraction is cloned into the bottom fraction")
+    require(pbt.weight_decay >= 0, "strategy.weight_decay", pbt.weight_decay, "must be >= 0")
+    require(pbt.max_grad_norm > 0, "strategy.max_grad_norm", pbt.max_grad_norm, "must be > 0")
+    require(0 <= pbt.warmup_ratio < 1, "strategy.warmup_ratio", pbt.warmup_ratio, "must be in [0, 1)")
+    choice("strategy.eval_split", pbt.eval_split, ("selection", "heldout"))
+    from evora.tasks.fitness import parse_fitness
+
+    try:
+        parse_fitness(pbt.fitness)
+    except ConfigError as error:
+        raise ConfigError(str(error).replace("task.fitness", "strategy.fitness")) from None
+
+
+STRATEGY_CHECKS: dict[type, Callable[[Any], None]] = {ESConfig: _check_es, GAConfig: _check_ga,
+                                                      PBTConfig: _check_pbt}
 
 
 def _check_strategy(run: RunConfig) -> None:
@@ -192,6 +234,12 @@ def _check_strategy(run: RunConfig) -> None:
     require(check is not None, "strategy", type(run.strategy).__name__,
             "unknown strategy schema; allowed: " + ", ".join(c.__name__ for c in STRATEGY_CHECKS))
     check(run.strategy)
+    if isinstance(run.strategy, PBTConfig):
+        if run.strategy.eval_split == "selection":
+            require(run.task.selection_size > 0, "strategy.eval_split", "selection",
+                    "needs task.selection_size > 0, or strategy.eval_split=heldout")
+        require(run.hardware.trial_cpus > 0 or run.hardware.trial_gpus > 0, "hardware.trial_cpus",
+                run.hardware.trial_cpus, "a training trial needs CPUs or GPUs")
 
 
 def _check_engine(run: RunConfig) -> None:

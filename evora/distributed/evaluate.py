@@ -39,11 +39,14 @@ class SplitOutcome:
 
 
 def evaluate_split(pool: WorkerPool, theta: dict[str, Any] | None, ops: list[str], split: str, size: int, *,
-                   generation: int = 0, keep_texts: bool = False, perplexity: bool = False) -> dict[str, SplitOutcome]:
-    """Outcomes per op (BASE, CENTER) on the first `size` examples of `split`."""
+                   generation: int = 0, keep_texts: bool = False, perplexity: bool = False,
+                   layout: Any = None) -> dict[str, SplitOutcome]:
+    """Outcomes per op (BASE, CENTER) on the first `size` examples of `split`; `layout`
+    describes theta when it is not the pool's layout."""
     specs = tuple(CandidateSpec(generation, i, op=op) for i, op in enumerate(ops))
     units = [WorkUnit(specs, split, tuple(c), keep_texts, perplexity) for c in chunks(list(range(size)), EVAL_CHUNK)]
-    results = pool.run(ray.put({"theta": theta}), units)
+    payload = {"theta": theta} if layout is None else {"theta": theta, "layout": layout}
+    results = pool.run(ray.put(payload), units)
     outcomes = {}
     for row, op in enumerate(ops):
         outcomes[op] = SplitOutcome(
@@ -54,6 +57,34 @@ def evaluate_split(pool: WorkerPool, theta: dict[str, Any] | None, ops: list[str
             texts=[t for r in results for t in r.texts[row]] if keep_texts else None,
         )
     return outcomes
+
+
+class EvaluationService:
+    """One worker pool that many clients (PBT trials) evaluate adapters on, one call at a time."""
+
+    def __init__(self, spec: Any, split_sizes: dict[str, int]):
+        self.pool = WorkerPool.start(spec)
+        self.sizes = split_sizes
+
+    def workers(self) -> int:
+        """How many engine workers serve; returns once they are all placed and loaded."""
+        return len(self.pool)
+
+    def evaluate(self, theta: dict[str, Any] | None, layout: Any, split: str, *, with_base: bool = False,
+                 keep_texts: bool = False) -> dict[str, SplitOutcome]:
+        from evora.strategies.base import BASE, CENTER
+
+        ops = [BASE] * with_base + [CENTER] * (theta is not None)
+        return evaluate_split(self.pool, theta, ops, split, self.sizes[split], keep_texts=keep_texts, perplexity=True,
+                              layout=layout)
+
+    def metrics(self, theta: dict[str, Any], layout: Any, split: str) -> dict[str, float]:
+        from evora.strategies.base import CENTER
+
+        return self.evaluate(theta, layout, split)[CENTER].metrics()
+
+    def shutdown(self) -> None:
+        self.pool.shutdown()
 
 
 def candidate_metrics(results: list[UnitResult], population: int) -> dict[str, np.ndarray]:

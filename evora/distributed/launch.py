@@ -33,6 +33,10 @@ def init_ray(run: RunConfig) -> None:
 
 def launch(run: RunConfig, run_dir: str, on_summary: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run the job to its end; returns the final summary."""
+    if run.strategy.name == "pbt":
+        from evora.tune.pbt import run_pbt
+
+        return run_pbt(run, run_dir, on_summary)
     init_ray(run)
     here = ray.get_runtime_context().get_node_id()
     driver = ray.remote(Driver).options(

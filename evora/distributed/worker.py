@@ -137,10 +137,11 @@ class EngineWorker:
 
     def evaluate(self, payload: Any, unit: WorkUnit) -> UnitResult:
         start = time.perf_counter()
+        layout = payload.get("layout", self.layout)  # PBT members differ in rank and modules
         refs = []
         for spec in unit.specs:
             tensors = materialise(self.strategy, payload, spec)
-            refs.append(None if tensors is None else self.scratch.write(spec.label, tensors, self.layout, self.dtype))
+            refs.append(None if tensors is None else self.scratch.write(spec.label, tensors, layout, self.dtype))
         materialised = time.perf_counter()
         examples = [self.splits.get(unit.split)[i] for i in unit.prompt_indices]
         prompts = [self.prompt_ids(unit.split, i) for i in unit.prompt_indices]

@@ -7,9 +7,13 @@ from typing import Any
 from evora.strategies.base import Strategy
 
 
-def build_strategy(cfg: Any, run_seed: int, noise_scales: dict[str, float] | None = None) -> Strategy:
-    """The strategy for a strategy config (dispatch on its schema type)."""
-    from evora.config.schema import ESConfig, GAConfig
+def build_strategy(cfg: Any, run_seed: int, noise_scales: dict[str, float] | None = None) -> Strategy | None:
+    """The strategy for a strategy config (dispatch on its schema type). None for PBT: its
+    members are trained by gradient descent (evora.tune), and workers only evaluate them."""
+    from evora.config.schema import ESConfig, GAConfig, PBTConfig
+
+    if isinstance(cfg, PBTConfig):
+        return None
     from evora.strategies.es import EvolutionStrategy
     from evora.strategies.ga import GeneticAlgorithm
 

@@ -13,6 +13,7 @@ import torch
 
 from evora.lora.layout import layer_of
 from evora.lora.noise import gaussian, noise_key
+from evora.lora.resize import truncate_product
 
 Tensors = dict[str, torch.Tensor]
 A_SUFFIX, B_SUFFIX = ".lora_A.weight", ".lora_B.weight"
@@ -64,18 +65,10 @@ def crossover_layers(first: Tensors, second: Tensors, seed: int) -> Tensors:
 def blend_pair(a1: torch.Tensor, b1: torch.Tensor, a2: torch.Tensor, b2: torch.Tensor,
                weight: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(A, B) of rank r whose product is the best rank-r approximation (Eckart-Young) of
-    weight * B1 A1 + (1 - weight) * B2 A2, computed from the thin factors (QR + a 2r x 2r SVD),
-    never forming the out x in matrix."""
-    rank = a1.shape[0]
-    left = torch.cat([weight * b1, (1 - weight) * b2], dim=1).double()  # out x 2r
-    right = torch.cat([a1, a2], dim=0).double()  # 2r x in
-    q_left, r_left = torch.linalg.qr(left)
-    q_right, r_right = torch.linalg.qr(right.T)
-    u, s, vh = torch.linalg.svd(r_left @ r_right.T)
-    root = s[:rank].sqrt()
-    b = (q_left @ u[:, :rank]) * root
-    a = root[:, None] * (vh[:rank] @ q_right.T)
-    return a.to(a1.dtype), b.to(b1.dtype)
+    weight * B1 A1 + (1 - weight) * B2 A2, from the thin factors (see lora.resize)."""
+    left = torch.cat([weight * b1, (1 - weight) * b2], dim=1)  # out x 2r
+    right = torch.cat([a1, a2], dim=0)  # 2r x in
+    return truncate_product(left, right, a1.shape[0])
 
 
 def crossover_blend(first: Tensors, second: Tensors, seed: int) -> Tensors:

@@ -29,6 +29,16 @@ def final_lines(s: dict[str, Any]) -> list[str]:
             f"run folder: {s['run_dir']}  (adapters/{s['center']}, adapters/best: PEFT layout)"]
 
 
+def pbt_final_lines(s: dict[str, Any]) -> list[str]:
+    counts = s["best_vs_base"]
+    converged = {None: "too few generations to tell", True: "yes", False: "no"}[s["converged"]]
+    return [f"best member {s['best_member']}: held-out fitness {_fmt(s['best_heldout_fitness'])} (median member "
+            f"{_fmt(s['median_trial_heldout_fitness'])}, base model {_fmt(s['base_heldout']['fitness'])})",
+            f"best adapter vs base model, held-out: {counts['improvements']} improvements, {counts['regressions']} "
+            f"regressions (eval/best_vs_base.md); converged (<1% over 5 generations): {converged}",
+            f"run folder: {s['run_dir']}  (adapters/best: PEFT layout; lineage.jsonl, trials.jsonl)"]
+
+
 class ConsoleProgress:
     def __init__(self, enabled: bool = True, console: Console | None = None):
         self.console = console or Console(soft_wrap=True, markup=False, highlight=False)
@@ -57,4 +67,11 @@ class ConsoleProgress:
             self.progress.update(self.task, completed=summary["generation"])
         elif kind == "final":
             for line in final_lines(summary):
+                self.console.print(line)
+        elif kind == "pbt-start":
+            resumed = " (resumed)" if summary["resumed"] else ""
+            self.console.print(f"population-based training: {summary['population']} members, "
+                               f"{summary['generations']} generations{resumed}")
+        elif kind == "pbt-final":
+            for line in pbt_final_lines(summary):
                 self.console.print(line)

@@ -7,6 +7,7 @@ import functools
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import only_run_dir, run_evora
+from evora.distributed.driver import run_tag
 from evora.tracking.checkpoint import load
 from evora.tracking.metrics import read_metrics
 
@@ -89,7 +91,8 @@ def test_run_folder_outputs_and_console(tmp_path):
     assert comparison["adapter_metrics"]["reward"] == summary["best_heldout"]
     assert (run_dir / "eval" / "best_vs_base.md").read_text().startswith("# Evaluation: adapters/best")
     assert "gen    3/3" in stdout and "held-out reward: base model" in stdout
-    assert not list(Path("/dev/shm").glob("evora-*")), "adapters left in /dev/shm"
+    # Only this run's folders: other runs (killed ones in the resume tests) may leave their own.
+    assert not list(Path("/dev/shm").glob(f"evora-{run_tag(run_dir)}-*")), "adapters left in /dev/shm"
 
 
 def test_exported_adapters_load_in_peft(tiny_path):
@@ -260,6 +263,89 @@ def test_ga_quickstart_improves_heldout_reward():
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert summary["best_heldout"] > summary["base_heldout"] + 0.2, summary
     assert "final elite adapter" in stdout and (run_dir / "adapters" / "elite").is_dir()
+
+
+# --- population-based training ----------------------------------------------------------
+
+PBT = ["strategy=pbt", "generations=3"]
+TINY_PBT = {"rank": [1, 8, 16], "alpha_multiplier": [1.0, 2.0], "dropout": [0.0, 0.05],
+            "target_modules": ["down_proj", "q_proj,v_proj"]}  # conf/tuning/tiny_pbt.yaml
+
+
+def test_pbt_finishes_with_a_best_adapter_at_least_as_good_as_the_median_member():
+    run_dir, stdout = cli_run(*PBT, "tracking=wandb", "tracking.wandb_mode=offline")
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert (run_dir / "adapters" / "best" / "adapter_model.safetensors").is_file()
+    assert summary["best_heldout_fitness"] >= summary["median_trial_heldout_fitness"], summary
+    assert summary["best_heldout_fitness"] > summary["base_heldout"]["fitness"], summary
+    trials = read_metrics(run_dir, "trials.jsonl")
+    assert sorted({(t["trial"], t["generation"]) for t in trials}) == sorted(
+        {(t["trial"], g) for t in trials for g in (1, 2, 3)})
+    assert len({t["trial"] for t in trials}) == 4
+    lineage = read_metrics(run_dir, "lineage.jsonl")
+    assert lineage and all(r["op"] == "exploit" and r["parent"] for r in lineage)
+    for record in lineage:
+        for key, (_, new) in record["changes"].items():
+            if key == "learning_rate":
+                assert 1e-6 <= new <= 1e-2
+            else:
+                assert new in TINY_PBT[key], record
+    assert [r["generation"] for r in read_metrics(run_dir)] == [1, 2, 3]
+    assert list((run_dir / "wandb").glob("offline-run-*")), "no W&B run from WandbLoggerCallback"
+    assert "best member" in stdout
+
+
+def test_pbt_experiment_killed_after_the_first_perturbation_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+
+    from conftest import evora_cmd
+
+    out, ray_tmp = Path(tempfile.mkdtemp(prefix="evora-test-")), Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp)}
+    process = subprocess.Popen(evora_cmd("tracking.progress=false", "strategy=pbt", "generations=4",
+                                         f"tracking.out_dir={out}"), cwd=out, env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lineage = None
+    deadline = time.monotonic() + 600
+    while process.poll() is None and time.monotonic() < deadline:  # until the first exploit is recorded
+        runs = [p for p in out.iterdir() if p.is_dir()]
+        lineage = runs[0] / "lineage.jsonl" if runs else None
+        if lineage is not None and lineage.exists() and lineage.read_text().strip():
+            break
+        time.sleep(0.5)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    subprocess.run(["pkill", "-9", "-f", str(ray_tmp)], check=False)  # the killed run's Ray services
+    run_dir = only_run_dir(out)
+    assert not (run_dir / "eval" / "summary.json").exists()
+    result = run_evora([f"resume={run_dir}"], cwd=out)
+    assert result.returncode == 0, result.stderr[-4000:]
+    trials = read_metrics(run_dir, "trials.jsonl")
+    assert {t["trial"] for t in trials if t["generation"] == 4} == {t["trial"] for t in trials}
+    assert json.loads((run_dir / "eval" / "summary.json").read_text())["best_member"]
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_bad_pbt_search_spaces_fail_before_ray(tmp_path):
+    ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
+    for override, message in (("strategy.ranks=[]", "strategy.ranks=[]: must list at least one value"),
+                              ("strategy.ranks=[3,8]", "strategy.ranks=[3, 8]: rank 3 is not one vLLM serves"),
+                              ("strategy.learning_rates=[0.001,0]", "every learning rate must be > 0")):
+        result = run_evora(["strategy=pbt", override], cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and message in lines[0], lines
+    assert not any(ray_tmp.iterdir())
+    shutil.rmtree(ray_tmp)
+
+
+def test_pbt_members_that_cannot_fit_beside_the_engines_stop_the_run_at_start(tmp_path):
+    result = run_evora(["strategy=pbt", "hardware.trial_cpus=4", f"tracking.out_dir={tmp_path}"], cwd=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert lines[-1].startswith("evora: error: hardware.trial_cpus=4.0: only 1 CPU left beside the engine workers")
 
 
 # --- the quickstart ----------------------------------------------------------------------

@@ -41,7 +41,7 @@ def _is_choice_letter(answer: str) -> bool:
 def fuzzy_match(completion: str, answer: str) -> float:
     """1.0 when the answer is contained, 80% of its words overlap, its number or its choice
     letter matches; else 0.0 (always 0.0 for an empty answer)."""
-    completion = clip(completion)
+    completion, answer = clip(completion), clip(answer)  # a hostile reference is bounded too
     answer_words = normalised_words(answer)
     if answer_words:
         completion_words = normalised_words(completion)

@@ -1,0 +1,1 @@
+"""Population-based training of LoRA hyperparameters (seed 000) on Ray Tune."""

@@ -1,0 +1,348 @@
+"""strategy=pbt: seed 000's hyperparameter GA, distributed as Ray Tune population-based
+training (synchronous: every generation, all members train, then the bottom fraction
+clones the top fraction and explores).
+
+A trial trains its LoRA by gradient descent (`sft.py`) for `steps_per_generation` steps,
+then is scored by the run's engine workers (one shared EvaluationService actor, so
+trials do not each load an inference engine) on the selection split: accuracy,
+perplexity of the reference answers and the composite fitness. Exploit copies the
+parent's checkpoint; explore follows seed 000's rules (`space.py`); a changed rank
+resizes the copied adapter by truncated SVD or zero-padding (`lora/resize.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import statistics
+import warnings
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import ray
+import torch
+from ray import tune
+from ray.tune import Callback
+from ray.tune.schedulers import PopulationBasedTraining
+from ray.tune.search.basic_variant import BasicVariantGenerator
+
+from evora.analysis.comparison import build_report, write_reports
+from evora.config.schema import RunConfig
+from evora.distributed.evaluate import EvaluationService
+from evora.distributed.worker import WorkerSpec, load_tokenizer
+from evora.errors import ConfigError
+from evora.lora.layout import AdapterLayout, build_layout, linear_shapes_of_model
+from evora.lora.noise import noise_key
+from evora.lora.peft_io import load_adapter_tensors, save_adapter
+from evora.lora.resize import resize_adapter
+from evora.models import locate_model
+from evora.strategies.base import BASE, CENTER
+from evora.tasks import build_task
+from evora.tasks.fitness import parse_fitness
+from evora.tasks.prompts import PromptRenderer
+from evora.tracking.run_dir import LINEAGE_FILE, METRICS_FILE, write_config
+from evora.tune.space import KEYS, explore, member_id, module_sets, modules_of, sample
+from evora.tune.sft import LoraSFT, TrainSettings
+
+EXPERIMENT = "pbt"
+TRIALS_FILE = "trials.jsonl"  # every trial's result, every generation
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    run: RunConfig
+    model_path: str
+    service: str  # name of the EvaluationService actor
+    shapes: dict[str, tuple[int, int]]  # linear module name -> (out, in)
+
+
+def layout_for(hp: dict[str, Any], context: TrialContext) -> AdapterLayout:
+    return build_layout(context.shapes, rank=hp["rank"], alpha=hp["rank"] * hp["alpha_multiplier"],
+                        target_modules=modules_of(hp["target_modules"]), layers=context.run.lora.layers,
+                        base_model=context.model_path)
+
+
+@dataclass
+class Start:
+    """What a trial starts from: nothing, its own checkpoint, or another trial's (exploit)."""
+
+    adapter: dict | None = None
+    optimizer: dict | None = None
+    step: int = 0
+    generation: int = 0
+    parent: str = ""
+    member: str = ""  # kept on a resume; a new member (fresh or cloned) is named from its hyperparameters
+
+
+def starting_point(folder: Path | None, hp: dict[str, Any], trial_id: str, context: TrialContext) -> Start:
+    if folder is None:
+        return Start()
+    meta = torch.load(folder / "trainer.pt", map_location="cpu", weights_only=True)
+    adapter = load_adapter_tensors(folder / "adapter")
+    old, new = layout_for(meta["hp"], context), layout_for(hp, context)
+    if (old.rank, old.scale, old.target_modules) != (new.rank, new.scale, new.target_modules):
+        adapter = resize_adapter(adapter, old, new, noise_key(context.run.seed, "pbt-resize", trial_id, meta["step"]))
+    if meta["trial"] == trial_id:  # its own checkpoint: a resume, the same member
+        return Start(adapter, meta["optimizer"], meta["step"], meta["generation"], meta["parent"], meta["member"])
+    return Start(adapter, meta["optimizer"], meta["step"], meta["generation"], parent=meta["member"])
+
+
+def training_pairs(run: RunConfig, model_path: str) -> tuple[list[tuple[list[int], list[int]]], int]:
+    task = build_task(run.task, run.seed)
+    tokenizer = load_tokenizer(run, model_path)
+    renderer = PromptRenderer(tokenizer, run.task.prompt_format, task.plain_template, run.task.system_prompt)
+    pairs = [(renderer.ids(e), renderer.target_ids(e)) for e in task.splits().train]
+    return pairs, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def pbt_trial(config: dict[str, Any], context: TrialContext) -> None:
+    """One member: train, score, report with a checkpoint; repeat until the last generation."""
+    run, space = context.run, context.run.strategy
+    hp = {key: config[key] for key in KEYS}
+    trial_id = tune.get_context().get_trial_id()
+    checkpoint = tune.get_checkpoint()
+    with checkpoint.as_directory() if checkpoint else tempfile.TemporaryDirectory() as folder:
+        start = starting_point(Path(folder) if checkpoint else None, hp, trial_id, context)
+    pairs, pad_id = training_pairs(run, context.model_path)
+    settings = TrainSettings(space.batch_size, space.gradient_accumulation, space.weight_decay, space.max_grad_norm,
+                             space.warmup_ratio, run.generations * space.steps_per_generation,
+                             tuple(run.lora.layers) if run.lora.layers else None,
+                             noise_key(run.seed, "pbt-trial", trial_id))
+    trainer = LoraSFT(context.model_path, hp, settings, pairs, pad_id, start.adapter, start.optimizer, start.step,
+                      device="cuda" if run.hardware.trial_gpus > 0 else "cpu")
+    service, layout, fitness = ray.get_actor(context.service), layout_for(hp, context), parse_fitness(space.fitness)
+    member, generation = start.member or member_id(hp, start.generation), start.generation
+    while generation < run.generations:
+        loss = trainer.train(space.steps_per_generation)
+        generation += 1
+        adapter = trainer.adapter()
+        metrics = ray.get(service.metrics.remote(adapter, layout, space.eval_split))
+        with tempfile.TemporaryDirectory() as folder:
+            save_adapter(Path(folder) / "adapter", adapter, layout)
+            torch.save({"trial": trial_id, "member": member, "parent": start.parent, "generation": generation,
+                        "hp": hp, **trainer.state()}, Path(folder) / "trainer.pt")
+            tune.report({"fitness": fitness(metrics), **metrics, "loss": loss, "generation": generation,
+                         "member": member, "parent": start.parent, "step": trainer.step},
+                        checkpoint=tune.Checkpoint.from_directory(folder))
+
+
+class LoraLabPBT(PopulationBasedTraining):
+    """Ray's PBT with seed 000's explore step, and every exploit written to lineage.jsonl."""
+
+    def __init__(self, space: Any, run_dir: str, seed: int, **kwargs: Any):
+        mutations = {"rank": list(space.ranks), "alpha_multiplier": list(space.alpha_multipliers),
+                     "learning_rate": list(space.learning_rates), "dropout": list(space.dropouts),
+                     "target_modules": module_sets(space)}
+        super().__init__(hyperparam_mutations=mutations, **kwargs)
+        self.space = space
+        self.lineage_path = str(Path(run_dir) / LINEAGE_FILE)
+        self.rng = random.Random(noise_key(seed, "pbt-explore"))
+
+    def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict, dict]:
+        old = trial_to_clone.config
+        new, operations = explore(old, self.space, self.rng)
+        last = trial_to_clone.last_result or {}
+        generation = int(last.get("generation", 0))
+        record = {"generation": generation, "op": "exploit", "trial": trial.trial_id,
+                  "from_trial": trial_to_clone.trial_id, "parent": last.get("member", ""),
+                  "id": member_id(new, generation), "fitness": last.get("fitness"),
+                  "changes": {k: [old[k], new[k]] for k in KEYS if old[k] != new[k]}, "operations": operations}
+        with open(self.lineage_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        return new, operations
+
+
+class TrialLog(Callback):
+    """Every trial result to trials.jsonl and a console line (picklable: Tune stores it)."""
+
+    def __init__(self, run_dir: str, generations: int, quiet: bool):
+        self.path, self.generations, self.quiet = str(Path(run_dir) / TRIALS_FILE), generations, quiet
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        keys = ("generation", "member", "parent", "fitness", "reward", "accuracy", "perplexity", "loss", "step")
+        record = {"trial": trial.trial_id, **{k: result.get(k) for k in keys},
+                  **{k: trial.config[k] for k in KEYS}}
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if not self.quiet:
+            print(f"gen {record['generation']:>3}/{self.generations}  {record['member']:<28} fitness "
+                  f"{record['fitness']:.3f}  accuracy {record['accuracy']:.3f}  perplexity {record['perplexity']:.2f}"
+                  f"  loss {record['loss']:.3f}", flush=True)
+
+
+def read_trials(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The last result of every (trial, generation): a resumed trial repeats a few."""
+    path = Path(run_dir) / TRIALS_FILE
+    latest: dict[tuple[str, int], dict] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        record = json.loads(line)
+        latest[(record["trial"], record["generation"])] = record
+    return sorted(latest.values(), key=lambda r: (r["generation"], r["trial"]))
+
+
+def generation_records(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """metrics.jsonl: one line per generation, over the trials that reported it."""
+    records = []
+    for generation in sorted({t["generation"] for t in trials}):
+        rows = [t for t in trials if t["generation"] == generation]
+        fitness = [t["fitness"] for t in rows]
+        best = max(rows, key=lambda t: t["fitness"])
+        records.append({"generation": generation, "fitness_max": max(fitness),
+                        "fitness_median": statistics.median(fitness), "fitness_min": min(fitness),
+                        "accuracy_max": max(t["accuracy"] for t in rows), "best_member": best["member"],
+                        "trials": len(rows)})
+    return records
+
+
+def converged(best_by_generation: list[float], window: int = 5, threshold: float = 0.01) -> bool | None:
+    """Seed 000's convergence flag: the best fitness improved by less than 1% over the last
+    5 generations (reported, never used to stop). None with too few generations."""
+    if len(best_by_generation) <= window:
+        return None
+    before, now = best_by_generation[-window - 1], best_by_generation[-1]
+    return (now - before) <= threshold * max(abs(before), 1e-9)
+
+
+def _tuner(run: RunConfig, run_dir: Path, context: TrialContext, restore: bool) -> tune.Tuner:
+    hw, space = run.hardware, run.strategy
+    trainable = tune.with_resources(tune.with_parameters(pbt_trial, context=context),
+                                    {"cpu": hw.trial_cpus, "gpu": hw.trial_gpus})
+    experiment = run_dir.resolve() / "tune" / EXPERIMENT
+    if restore:
+        return tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=True)
+    rng = random.Random(noise_key(run.seed, "pbt-initial"))
+    points = [sample(space, rng) for _ in range(space.population)]
+    param_space = {"rank": tune.choice(space.ranks), "alpha_multiplier": tune.choice(space.alpha_multipliers),
+                   "learning_rate": tune.choice(space.learning_rates), "dropout": tune.choice(space.dropouts),
+                   "target_modules": tune.choice(module_sets(space))}
+    scheduler = LoraLabPBT(space, str(run_dir), run.seed, time_attr="training_iteration", metric="fitness",
+                           mode="max", perturbation_interval=1, quantile_fraction=space.keep_top_fraction,
+                           synch=True)
+    callbacks: list[Any] = [TrialLog(str(run_dir), run.generations, quiet=not run.tracking.progress)]
+    if run.tracking.name == "wandb":
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        tracking = run.tracking
+        callbacks.append(WandbLoggerCallback(project=tracking.wandb_project, entity=tracking.wandb_entity,
+                                             group=tracking.wandb_group or run_dir.name, mode=tracking.wandb_mode,
+                                             dir=str(run_dir), log_config=False))
+    warnings.filterwarnings("ignore", message=".*num_to_keep.*PBT")
+    return tune.Tuner(trainable, param_space=param_space,
+                      tune_config=tune.TuneConfig(scheduler=scheduler, num_samples=space.population,
+                                                  search_alg=BasicVariantGenerator(points_to_evaluate=points),
+                                                  reuse_actors=True),
+                      run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(experiment.parent),
+                                                stop={"training_iteration": run.generations},
+                                                failure_config=tune.FailureConfig(max_failures=2),
+                                                checkpoint_config=tune.CheckpointConfig(num_to_keep=4),
+                                                callbacks=callbacks, verbose=0))
+
+
+def _service(run: RunConfig, run_dir: Path, model_path: str, shapes: dict, name: str) -> Any:
+    """The shared EvaluationService; its engines accept the largest rank of the search space."""
+    from dataclasses import replace
+
+    # num_workers=null means one engine per GPU for es/ga; here trials train on the GPUs, so one engine.
+    widest = replace(run, lora=replace(run.lora, rank=max(run.strategy.ranks)),
+                     hardware=replace(run.hardware, num_workers=run.hardware.num_workers or 1))
+    layout = build_layout(shapes, rank=widest.lora.rank, alpha=widest.lora.rank,
+                          target_modules=sorted({m for ts in run.strategy.target_modules for m in ts}),
+                          layers=run.lora.layers, base_model=model_path)
+    splits = build_task(run.task, run.seed).splits()
+    sizes = {name_: len(splits.get(name_)) for name_ in ("train", "selection", "heldout")}
+    return ray.remote(EvaluationService).options(name=name, num_cpus=0).remote(
+        WorkerSpec(widest, model_path, layout, {}, name.rsplit("-", 1)[-1]), sizes)
+
+
+def check_trial_resources(run: RunConfig) -> None:
+    """Fail now, not hang in Tune's queue, when no member fits beside the engine workers."""
+    free = ray.available_resources()
+    for key, resource in (("trial_cpus", "CPU"), ("trial_gpus", "GPU")):
+        wanted = getattr(run.hardware, key)
+        if wanted > free.get(resource, 0.0) + 1e-9:
+            raise ConfigError(f"hardware.{key}={wanted}: only {free.get(resource, 0.0):g} {resource} left beside "
+                               f"the engine workers; lower hardware.{key} or hardware.num_workers")
+
+
+def quiet_tune() -> None:
+    """Tune's own tables and warnings off the console; evora prints one line per result."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # evora writes trials.jsonl itself
+    for name in ("ray.tune", "ray.train", "ray.air"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def run_pbt(run: RunConfig, run_dir: str, on_summary: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    from evora.distributed.driver import run_tag
+    from evora.distributed.launch import init_ray
+
+    quiet_tune()
+    random.seed(noise_key(run.seed, "pbt-scheduler"))  # Ray's PBT picks whom to clone with `random`
+    folder = Path(run_dir)
+    restore = (folder / "tune" / EXPERIMENT / "tuner.pkl").exists()
+    if not restore:
+        write_config(folder, run)
+    init_ray(run)
+    model_path = locate_model(run.model.path).path
+    shapes = linear_shapes_of_model(model_path, revision=run.model.revision,
+                                    trust_remote_code=run.model.trust_remote_code)
+    name = f"evora-eval-{run_tag(run_dir)}"
+    service = _service(run, folder, model_path, shapes, name)
+    # Engines first: trials started earlier could take the CPUs/GPUs the engine workers need.
+    ray.get(service.workers.remote())
+    check_trial_resources(run)
+    context = TrialContext(run, model_path, name, shapes)
+    on_summary({"kind": "pbt-start", "population": run.strategy.population, "generations": run.generations,
+                "resumed": restore})
+    try:
+        results = _tuner(run, folder, context, restore).fit()
+        return _finish(run, folder, context, service, results, on_summary)
+    finally:
+        ray.get(service.shutdown.remote())
+        ray.kill(service)
+
+
+def _finish(run: RunConfig, folder: Path, context: TrialContext, service: Any, results: Any,
+            on_summary: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Best adapter, every member's final held-out fitness, the base comparison, summaries."""
+    if results.errors:
+        raise RuntimeError(f"{len(results.errors)} PBT member(s) failed; the first: {results.errors[0]}")
+    fitness = parse_fitness(run.strategy.fitness)
+    members = []
+    for result in results:
+        if result.checkpoint is None:
+            continue
+        with result.checkpoint.as_directory() as directory:
+            meta = torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=True)
+            adapter = load_adapter_tensors(Path(directory) / "adapter")
+        layout = layout_for(meta["hp"], context)
+        heldout = ray.get(service.metrics.remote(adapter, layout, "heldout"))
+        members.append({"member": meta["member"], "hp": meta["hp"], "selection_fitness": result.metrics["fitness"],
+                        "heldout_fitness": fitness(heldout), "heldout": heldout, "adapter": adapter,
+                        "layout": layout})
+    best = max(members, key=lambda m: m["selection_fitness"])  # chosen without looking at held-out
+    save_adapter(folder / "adapters" / "best", best["adapter"], best["layout"])
+    outcomes = ray.get(service.evaluate.remote(best["adapter"], best["layout"], "heldout", with_base=True,
+                                               keep_texts=True))
+    examples = build_task(run.task, run.seed).splits().heldout
+    report = build_report(examples, outcomes[CENTER], outcomes[BASE], task=run.task.name, split="heldout",
+                          adapter_name="adapters/best")
+    write_reports(report, folder / "eval", stem="best_vs_base")
+    generations = generation_records(read_trials(folder))
+    (folder / METRICS_FILE).write_text("".join(json.dumps(g) + "\n" for g in generations))
+    base = {**outcomes[BASE].metrics(), "fitness": fitness(outcomes[BASE].metrics())}
+    summary = {"strategy": "pbt", "best_member": best["member"], "best_hyperparameters": best["hp"],
+               "best_heldout_fitness": best["heldout_fitness"], "best_heldout": best["heldout"],
+               "base_heldout": base, "median_trial_heldout_fitness": statistics.median(
+                   m["heldout_fitness"] for m in members),
+               "trials": {m["member"]: m["heldout_fitness"] for m in members},
+               "converged": converged([g["fitness_max"] for g in generations]), "best_vs_base": report["counts"]}
+    (folder / "eval" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    final = {"kind": "pbt-final", **summary, "run_dir": str(folder)}
+    on_summary(final)
+    return final
