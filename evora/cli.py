@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from evora.config.compose import CONF_DIR, preflight, setup, to_run_config
 from evora.config.validate import validate
 from evora.errors import EvoraError
+from evora.tracking.sweep import with_sweep_tracking
 
 EXIT_BAD_INPUT = 2
 
@@ -32,7 +33,7 @@ def _die(error: EvoraError) -> None:
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """One job: validated config -> driver on Ray -> final summary."""
     try:
-        run = to_run_config(cfg)
+        run = with_sweep_tracking(to_run_config(cfg))
         validate(run)
         if run.resume is not None:
             from evora.config.overlay import resumed_run_config

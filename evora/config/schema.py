@@ -140,10 +140,13 @@ class HardwareConfig:
     name: str = "cpu"
     address: Optional[str] = None  # None: a local Ray; "auto" or ray://...: join a cluster
     num_workers: Optional[int] = 2  # None: one per GPU in the cluster
-    gpus_per_worker: int = 0
+    gpus_per_worker: int = 0  # 1: engines on GPUs, 0: on CPUs
+    tensor_parallel_size: int = 1  # GPUs per engine; > 1: a STRICT_PACK placement group per engine
     cpus_per_worker: float = 1.0
     cpu_threads_per_worker: int = 1
     driver_cpus: float = 0.0
+    spread: bool = False  # place workers on as many nodes as possible (Ray's SPREAD)
+    driver_restarts: int = 3  # a killed driver actor restarts from the last checkpoint this often
     gpu_memory_utilization: float = 0.05
     kv_cache_gib: int = 1
     dashboard: bool = False
@@ -157,7 +160,8 @@ class TrackingConfig:
     out_dir: str = "runs"
     wandb_project: str = "evora"
     wandb_entity: Optional[str] = None
-    wandb_group: Optional[str] = None
+    wandb_group: Optional[str] = None  # None: the run's name (a multirun: the sweep folder's name)
+    wandb_name: Optional[str] = None  # None: the run folder's name (a multirun: the job's overrides)
     wandb_mode: str = "online"  # online | offline | disabled
     checkpoint_keep_every: int = 0  # also keep checkpoints/gen_<n>.pt every n generations
     progress: bool = True

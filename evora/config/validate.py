@@ -254,9 +254,15 @@ def _check_hardware(run: RunConfig) -> None:
     hw = run.hardware
     if hw.num_workers is not None:
         require(hw.num_workers >= 1, "hardware.num_workers", hw.num_workers, "must be >= 1, or null (one per GPU)")
-    require(hw.gpus_per_worker >= 0, "hardware.gpus_per_worker", hw.gpus_per_worker, "must be >= 0")
+    require(hw.gpus_per_worker in (0, 1), "hardware.gpus_per_worker", hw.gpus_per_worker,
+            "allowed: 0 (CPU engines), 1 (GPU engines); more GPUs per engine: hardware.tensor_parallel_size")
+    require(hw.tensor_parallel_size >= 1, "hardware.tensor_parallel_size", hw.tensor_parallel_size, "must be >= 1")
+    if hw.tensor_parallel_size > 1:
+        require(hw.gpus_per_worker == 1 and run.engine.name == "vllm", "hardware.tensor_parallel_size",
+                hw.tensor_parallel_size, "> 1 needs GPU engines (hardware.gpus_per_worker=1) and engine=vllm")
     require(hw.num_workers is not None or hw.gpus_per_worker > 0, "hardware.num_workers", None,
-            "null (one per GPU) needs hardware.gpus_per_worker >= 1")
+            "null (one per GPU) needs hardware.gpus_per_worker=1")
+    require(hw.driver_restarts >= 0, "hardware.driver_restarts", hw.driver_restarts, "must be >= 0")
     require(hw.cpus_per_worker >= 0, "hardware.cpus_per_worker", hw.cpus_per_worker, "must be >= 0")
     require(hw.cpu_threads_per_worker >= 1, "hardware.cpu_threads_per_worker", hw.cpu_threads_per_worker,
             "must be >= 1")

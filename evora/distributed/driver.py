@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -100,7 +101,9 @@ class Driver:
         self.sinks = self._open_sinks()
         completed = self.next_generation if self.resumed else -1
         self.lineage = JsonlSink(self.run_dir, completed, LINEAGE_FILE) if hasattr(self.strategy, "lineage") else None
-        self.pool = WorkerPool.start(WorkerSpec(run, self.location.path, self.layout, scales, self.run_tag))
+        # Named per driver process: a restarted driver's workers must not clash with the old ones' names.
+        self.pool = WorkerPool.start(WorkerSpec(run, self.location.path, self.layout, scales, self.run_tag),
+                                     name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}")
 
     def _restore_or_init(self) -> None:
         path = checkpoint.latest_path(self.run_dir)
@@ -128,7 +131,8 @@ class Driver:
         if run.tracking.name == "wandb":
             tracking = run.tracking
             sinks.append(WandbSink(self.run_dir, project=tracking.wandb_project, entity=tracking.wandb_entity,
-                                   group=tracking.wandb_group or run.name, name=self.run_dir.name,
+                                   group=tracking.wandb_group or run.name,
+                                   name=tracking.wandb_name or self.run_dir.name,
                                    mode=tracking.wandb_mode, config=config_dict(run)))
         return sinks
 

@@ -12,59 +12,30 @@ from collections import deque
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostError, RayActorError
 
-from evora.config.schema import HardwareConfig
+from evora.distributed.placement import Placement, place_workers, worker_count
 from evora.distributed.worker import EngineWorker, UnitResult, WorkerSpec, WorkUnit
 
-WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError)
-
-
-def worker_count(hw: HardwareConfig) -> int:
-    if hw.num_workers is not None:
-        return hw.num_workers
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    if gpus < hw.gpus_per_worker:
-        raise RuntimeError(f"hardware.num_workers=null needs GPUs, but the Ray cluster has {gpus}; "
-                           "set hardware.num_workers or use hardware=cpu")
-    return gpus // hw.gpus_per_worker
-
-
-def check_capacity(hw: HardwareConfig, workers: int) -> None:
-    """Fail at once, not hang, when the cluster cannot place every worker."""
-    have = ray.cluster_resources()
-    for resource, each, extra in (("CPU", hw.cpus_per_worker, hw.driver_cpus), ("GPU", hw.gpus_per_worker, 0)):
-        need = workers * each + extra
-        if need > have.get(resource, 0) + 1e-9:
-            raise RuntimeError(f"hardware: {workers} worker(s) x {each} {resource} (+ {extra} for the driver) need "
-                               f"{need:g} {resource}s but the Ray cluster has {have.get(resource, 0):g}; lower "
-                               "hardware.num_workers or hardware.cpus_per_worker")
-
-
-def actor_options(hw: HardwareConfig) -> dict[str, Any]:
-    options: dict[str, Any] = {"num_cpus": hw.cpus_per_worker, "max_restarts": 0}
-    if hw.gpus_per_worker > 0:
-        options["num_gpus"] = hw.gpus_per_worker
-    if hw.name == "multinode":
-        options["scheduling_strategy"] = "SPREAD"
-    return options
+# A lost node also loses the results it held in its object store: those units are rerun too.
+WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError, ObjectLostError)
 
 
 class WorkerPool:
-    def __init__(self, actors: list[Any], infos: list[dict[str, Any]]):
+    def __init__(self, actors: list[Any], infos: list[dict[str, Any]], placement: Placement | None = None):
         self.actors = actors
         self.infos = infos
         self.alive = set(range(len(actors)))
+        self.placement = placement
 
     @classmethod
-    def start(cls, spec: WorkerSpec) -> "WorkerPool":
-        hw = spec.run.hardware
-        count = worker_count(hw)
-        check_capacity(hw, count)
-        remote_worker = ray.remote(EngineWorker).options(**actor_options(hw))
-        actors = [remote_worker.remote(spec, i) for i in range(count)]
+    def start(cls, spec: WorkerSpec, name_prefix: str | None = None) -> "WorkerPool":
+        """Named workers (`name_prefix`-i) can be found with `ray list actors`, and by tests."""
+        placement = place_workers(spec.run.hardware, worker_count(spec.run.hardware), name_prefix)
+        remote_worker = ray.remote(EngineWorker)
+        actors = [remote_worker.options(**options).remote(spec, i) for i, options in enumerate(placement.options)]
         infos = ray.get([a.info.remote() for a in actors])
-        return cls(actors, infos)
+        return cls(actors, infos, placement)
 
     def __len__(self) -> int:
         return len(self.alive)
@@ -102,3 +73,5 @@ class WorkerPool:
                 pass
         for actor in self.actors:
             ray.kill(actor)
+        if self.placement is not None:
+            self.placement.release()

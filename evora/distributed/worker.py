@@ -74,7 +74,7 @@ def engine_spec(run: RunConfig, model_path: str, worker_slots: int) -> EngineSpe
         model=model_path, tokenizer=run.model.tokenizer, revision=run.model.revision, dtype=run.model.dtype,
         max_model_len=run.model.max_model_len, max_lora_rank=run.lora.rank, max_loras=engine.max_loras,
         max_cpu_loras=max(engine.max_loras, worker_slots), max_num_seqs=engine.max_num_seqs,
-        enforce_eager=engine.enforce_eager, tensor_parallel_size=max(1, hw.gpus_per_worker),
+        enforce_eager=engine.enforce_eager, tensor_parallel_size=hw.tensor_parallel_size,
         gpu_memory_utilization=hw.gpu_memory_utilization, kv_cache_gib=hw.kv_cache_gib,
         cpu_threads=hw.cpu_threads_per_worker, seed=run.seed, trust_remote_code=run.model.trust_remote_code,
         device="cuda" if hw.gpus_per_worker > 0 else "cpu", ignore_eos=engine.ignore_eos,

@@ -37,7 +37,9 @@ class VLLMEngine:
             enforce_eager=spec.enforce_eager, enable_prefix_caching=False,
             gpu_memory_utilization=spec.gpu_memory_utilization, seed=spec.seed,
             tensor_parallel_size=spec.tensor_parallel_size, trust_remote_code=spec.trust_remote_code,
-            distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "mp",
+            # TP > 1: the worker sits in a placement group of one-GPU bundles (distributed/placement.py);
+            # vLLM's Ray executor puts a shard on each bundle.
+            distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "ray",
         )
         args.update(spec.vllm_args)
         self.llm = LLM(**args)

@@ -68,6 +68,12 @@ class ConsoleProgress:
         elif kind == "final":
             for line in final_lines(summary):
                 self.console.print(line)
+        elif kind == "driver-restart":
+            self.console.print(f"the driver was lost; restarted from the last checkpoint "
+                               f"(restart {summary['restarts']})")
+            if self.task is not None:
+                self.progress.remove_task(self.task)
+                self.task = None
         elif kind == "pbt-start":
             resumed = " (resumed)" if summary["resumed"] else ""
             self.console.print(f"population-based training: {summary['population']} members, "

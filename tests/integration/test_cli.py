@@ -3,7 +3,6 @@ model. Runs are shared between tests through a module-level cache."""
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import tempfile
@@ -14,26 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import only_run_dir, run_evora
+from conftest import SMALL, cli_run, only_run_dir, run_evora
 from evora.distributed.driver import run_tag
 from evora.tracking.checkpoint import load
 from evora.tracking.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
-
-# A small, fast variant of the quickstart: 8 candidates in units of 4, so two workers share work.
-SMALL = ["strategy.population=8", "engine.max_loras=4", "task.prompts_per_generation=16", "task.eval_size=64",
-         "eval_every=2"]
-
-
-@functools.lru_cache(maxsize=None)
-def cli_run(*args: str) -> tuple[Path, str]:
-    """Run evora once per distinct argument list; returns (run folder, stdout)."""
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    result = run_evora([f"tracking.out_dir={out}", *args], cwd=out)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return only_run_dir(out), result.stdout
-
 
 def mean_adapter(run_dir: Path, name: str = "mean") -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "adapters" / name / "adapter_model.safetensors"))

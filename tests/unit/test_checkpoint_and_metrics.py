@@ -1,7 +1,9 @@
 import json
+import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from evora.tracking.checkpoint import atomic_save, load
@@ -34,6 +36,32 @@ c.atomic_save({{"step": 2}}, {str(path)!r})
 """
     assert subprocess.run([sys.executable, "-c", code]).returncode == 9
     assert load(path) == {"step": 1}
+
+
+WRITER = """
+import sys, torch
+from evora.tracking.checkpoint import atomic_save
+for version in range(1000):
+    print(f"writing {version}", flush=True)
+    atomic_save({"version": version, "theta": torch.full((4_000_000,), float(version))}, sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 3])
+def test_checkpoints_survive_sigkill_during_a_write(tmp_path, kill_at):
+    """A real SIGKILL while a 16 MB checkpoint is being written: the file on disk is the
+    previous version or the new one, whole."""
+    path = tmp_path / "latest.pt"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    for line in writer.stdout:  # the kill lands right after the writer announces a write
+        if line.strip() == f"writing {kill_at}":
+            writer.send_signal(signal.SIGKILL)
+            break
+    writer.wait()
+    assert writer.returncode == -signal.SIGKILL
+    saved = load(path)
+    assert saved["version"] in (kill_at - 1, kill_at)
+    assert torch.equal(saved["theta"], torch.full((4_000_000,), float(saved["version"])))
 
 
 def test_jsonl_sink_truncates_uncovered_generations_on_resume(tmp_path):

@@ -60,6 +60,12 @@ def test_configs_are_frozen():
     ("strategy.shaping=rank", "strategy.shaping=\"rank\": allowed: zscore, centered_rank, none"),
     ("task.prompts_per_generation=99999", "task.prompts_per_generation=99999: must be in 1..task.train_size"),
     ("hardware.gpu_memory_utilization=1.5", "hardware.gpu_memory_utilization=1.5: must be in (0, 1]"),
+    ("hardware=gpu hardware.gpus_per_worker=2", "hardware.gpus_per_worker=2: allowed: 0 (CPU engines), 1 (GPU"),
+    ("hardware.tensor_parallel_size=2", "hardware.tensor_parallel_size=2: > 1 needs GPU engines"),
+    ("hardware=gpu hardware.tensor_parallel_size=0", "hardware.tensor_parallel_size=0: must be >= 1"),
+    ("hardware=gpu engine=hf hardware.tensor_parallel_size=2", "> 1 needs GPU engines (hardware.gpus_per_worker=1) "
+                                                               "and engine=vllm"),
+    ("hardware.driver_restarts=-1", "hardware.driver_restarts=-1: must be >= 0"),
     ("resume=/no/such/run", 'resume="/no/such/run": run folder not found'),
     ("lora.target_modules=[c_attn]", "lora.target_modules=['c_attn']: no linear module of the model matches"),
     ("task=countdown", "task.max_tokens=1024: must be in 1..model.max_model_len - 1 (511)"),

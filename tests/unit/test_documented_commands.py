@@ -29,9 +29,22 @@ def readme_commands() -> list[str]:
         line = line.split(" #")[0].strip()
         line = line.split(" -- ", 1)[1] if " -- evora" in line else line  # ray job submit ... -- evora
         line = line.removeprefix(".venv/bin/")
+        line = launch_script_as_evora(line) or line
         if re.match(r"^(\w+=\S+ )*evora( |$)", line):
             commands.append(line)
     return commands
+
+
+def launch_script_as_evora(line: str) -> str | None:
+    """`launch/submit.sh [flags] <overrides>` -> `evora <overrides>`, `launch/sweep.sh <overrides>`
+    -> `evora -m <overrides>`; None for other lines and for job-management calls."""
+    words = line.split()
+    if not words or words[0] not in ("launch/submit.sh", "launch/sweep.sh"):
+        return None
+    if any(w in ("--logs", "--status", "--stop", "-h", "--help") for w in words):
+        return None
+    overrides = [w for w in words[1:] if "=" in w and not w.startswith("-")]
+    return " ".join(["evora", *(["-m"] if words[0] == "launch/sweep.sh" else []), *overrides])
 
 
 def conf_header_commands() -> list[str]:
@@ -48,6 +61,7 @@ def conf_header_commands() -> list[str]:
 
 def test_there_are_commands_to_check():
     assert len(readme_commands()) >= 5
+    assert sum(1 for c in readme_commands() if c.startswith("evora -m")) >= 2
     assert len(conf_header_commands()) >= len(list(CONF_DIR.rglob("*.yaml"))) - 3
 
 

@@ -1,0 +1,107 @@
+"""Where engine workers go: one per GPU (`num_gpus=1`), a STRICT_PACK placement group of
+`tensor_parallel_size` one-GPU bundles per engine when an engine spans several GPUs, or
+CPU workers; spread over every node with `hardware=multinode`.
+
+With tensor parallelism the worker actor itself takes no GPU: it sits in bundle 0 and
+captures its child tasks, so vLLM's Ray executor puts one shard on each bundle (vLLM
+uses the placement group it finds itself in). Everything here fails at once, with the
+key to change, when the cluster cannot hold the workers, instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from evora.config.schema import HardwareConfig
+
+PLACEMENT_TIMEOUT_S = 120.0
+
+
+def engine_gpus(hw: HardwareConfig) -> int:
+    """GPUs one engine uses."""
+    return hw.gpus_per_worker * hw.tensor_parallel_size
+
+
+def worker_count(hw: HardwareConfig) -> int:
+    if hw.num_workers is not None:
+        return hw.num_workers
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if gpus < max(engine_gpus(hw), 1):
+        raise RuntimeError(f"hardware.num_workers=null needs GPUs, but the Ray cluster has {gpus}; "
+                           "set hardware.num_workers or use hardware=cpu")
+    return gpus // engine_gpus(hw)
+
+
+def check_capacity(hw: HardwareConfig, workers: int) -> None:
+    """Fail at once, not hang, when the cluster cannot place every worker."""
+    have = ray.cluster_resources()
+    for resource, each, extra in (("CPU", hw.cpus_per_worker, hw.driver_cpus), ("GPU", engine_gpus(hw), 0)):
+        need = workers * each + extra
+        if need > have.get(resource, 0) + 1e-9:
+            raise RuntimeError(f"hardware: {workers} worker(s) x {each} {resource} (+ {extra} for the driver) need "
+                               f"{need:g} {resource}s but the Ray cluster has {have.get(resource, 0):g}; lower "
+                               "hardware.num_workers or hardware.cpus_per_worker")
+
+
+@dataclass
+class Placement:
+    """Actor options for each worker, and the placement groups to remove afterwards."""
+
+    options: list[dict[str, Any]]
+    groups: list[PlacementGroup] = field(default_factory=list)
+
+    def release(self) -> None:
+        for group in self.groups:
+            remove_placement_group(group)
+        self.groups.clear()
+
+
+def _largest_node_gpus() -> float:
+    return max((node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node["Alive"]), default=0.0)
+
+
+def _tensor_parallel_group(hw: HardwareConfig, name: str) -> PlacementGroup:
+    if _largest_node_gpus() < hw.tensor_parallel_size:
+        raise RuntimeError(f"hardware.tensor_parallel_size={hw.tensor_parallel_size}: no node of the Ray cluster has "
+                           f"that many GPUs (the most on one node: {_largest_node_gpus():g}); an engine's shards "
+                           "share one node (STRICT_PACK)")
+    bundles = [{"GPU": 1, "CPU": hw.cpus_per_worker}] + [{"GPU": 1}] * (hw.tensor_parallel_size - 1)
+    group = placement_group(bundles, strategy="STRICT_PACK", name=name)
+    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        remove_placement_group(group)
+        raise RuntimeError(f"hardware.tensor_parallel_size={hw.tensor_parallel_size}: no node has "
+                           f"{hw.tensor_parallel_size} free GPUs for one engine within {PLACEMENT_TIMEOUT_S:g}s "
+                           "(STRICT_PACK); lower it or hardware.num_workers")
+    return group
+
+
+def place_workers(hw: HardwareConfig, count: int, name_prefix: str | None = None) -> Placement:
+    """Options for `count` worker actors (`ray.remote(cls).options(**options[i])`)."""
+    check_capacity(hw, count)
+    placement = Placement([])
+    for index in range(count):
+        options: dict[str, Any] = {"num_cpus": hw.cpus_per_worker, "max_restarts": 0}
+        if name_prefix is not None:
+            options["name"] = f"{name_prefix}-{index}"
+        if hw.gpus_per_worker > 0 and hw.tensor_parallel_size > 1:
+            try:
+                group = _tensor_parallel_group(hw, f"{name_prefix or 'evora-engine'}-{index}")
+            except RuntimeError:
+                placement.release()
+                raise
+            placement.groups.append(group)
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
+        else:
+            if hw.gpus_per_worker > 0:
+                options["num_gpus"] = hw.gpus_per_worker
+            if hw.spread:
+                options["scheduling_strategy"] = "SPREAD"
+        placement.options.append(options)
+    return placement

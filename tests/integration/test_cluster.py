@@ -1,0 +1,264 @@
+"""Cluster operations on this machine: placement on a three-node `ray.cluster_utils.Cluster`
+with declared GPUs, fault injection (a worker killed, a node removed, the driver killed)
+against a fault-free run, Hydra multirun in one Ray session with W&B groups and a sweep
+summary, and a local Ray that listens on loopback only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from ray.cluster_utils import Cluster
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.state import list_actors
+from safetensors.torch import load_file
+
+from conftest import ROOT, SMALL, cli_run, evora_cmd, only_run_dir, run_evora
+from evora.config.compose import compose_run
+from evora.distributed.driver import run_tag
+from evora.distributed.launch import NAMESPACE, driver_name
+from evora.distributed.placement import place_workers, worker_count
+from evora.tracking.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+GPUS_PER_NODE = 2
+FAKE_SECRETS = {"WANDB_API_KEY": "local-fake0123456789abcdef0123456789abcdef0123",
+                "HF_TOKEN": "hf_fakeTokenValue0123456789", "EVORA_TEST_SERVICE_KEY": "fake-service-key-98765"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and two more nodes, each declaring 2 CPUs and 2 GPUs; this process joins it."""
+    if ray.is_initialized():
+        ray.shutdown()
+    # Ray's workers import this module (Probe) and conftest by name; the nodes pass this on to them.
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), saved]))
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": GPUS_PER_NODE})
+    for _ in range(2):
+        nodes.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE)
+    nodes.wait_for_nodes()
+    ray.init(address=nodes.address, namespace=NAMESPACE)
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+    if saved is None:
+        os.environ.pop("PYTHONPATH")
+    else:
+        os.environ["PYTHONPATH"] = saved
+
+
+# --- placement ----------------------------------------------------------------------------
+
+@ray.remote(num_gpus=1, num_cpus=0)
+def shard_gpu() -> tuple[str, list]:
+    return ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()
+
+
+class Probe:
+    """Stands where an EngineWorker would, and reports what Ray gave it."""
+
+    def where(self) -> dict:
+        group = ray.util.get_current_placement_group()
+        shards = []
+        if group is not None:  # as vLLM's Ray executor does: one shard per bundle of the worker's group
+            shards = ray.get([shard_gpu.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=i)).remote() for i in range(len(group.bundle_specs))])
+        return {"node": ray.get_runtime_context().get_node_id(), "gpus": ray.get_gpu_ids(), "shards": shards}
+
+
+def placed(*overrides: str) -> list[dict]:
+    hw = compose_run(list(overrides)).hardware
+    placement = place_workers(hw, worker_count(hw))
+    actors = [ray.remote(Probe).options(**options).remote() for options in placement.options]
+    try:
+        return ray.get([actor.where.remote() for actor in actors], timeout=120)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+        placement.release()
+
+
+def test_one_engine_worker_per_gpu(cluster):
+    where = placed("hardware=gpu", "hardware.cpus_per_worker=0.5")
+    assert len(where) == 3 * GPUS_PER_NODE
+    assert all(len(w["gpus"]) == 1 for w in where)
+    assert len({(w["node"], w["gpus"][0]) for w in where}) == 3 * GPUS_PER_NODE  # no GPU shared
+
+
+def test_multinode_spreads_workers_over_every_node(cluster):
+    where = placed("hardware=multinode", "hardware.num_workers=3", "hardware.cpus_per_worker=0.5")
+    assert len({w["node"] for w in where}) == 3 and all(len(w["gpus"]) == 1 for w in where)
+
+
+def test_tensor_parallel_engines_get_a_strict_pack_group_of_gpus(cluster):
+    where = placed("hardware=multinode", "hardware.tensor_parallel_size=2", "hardware.cpus_per_worker=0.5")
+    assert len(where) == 3  # 6 GPUs / 2 per engine
+    for w in where:
+        assert w["gpus"] == []  # the worker holds none; its shards do
+        assert [node for node, _ in w["shards"]] == [w["node"]] * 2  # one node per engine
+        assert sorted(len(gpus) for _, gpus in w["shards"]) == [1, 1]
+        assert len({gpus[0] for _, gpus in w["shards"]}) == 2
+    assert len({w["node"] for w in where}) == 3
+
+
+def test_tensor_parallel_wider_than_any_node_fails_at_once(cluster):
+    hw = compose_run(["hardware=gpu", "hardware.num_workers=1", "hardware.tensor_parallel_size=3"]).hardware
+    with pytest.raises(RuntimeError, match=r"hardware.tensor_parallel_size=3: no node of the Ray cluster has"):
+        place_workers(hw, 1)
+
+
+# --- fault tolerance ------------------------------------------------------------------------
+
+FAULT_RUN = (*SMALL, "generations=2", "engine=hf")  # the reference: hardware.num_workers=1, no faults
+
+
+def start_on(cluster: Cluster) -> tuple[Path, subprocess.Popen]:
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    args = [*FAULT_RUN, "hardware=multinode_cpu", f"hardware.address={cluster.address}", f"tracking.out_dir={out}",
+            "tracking.progress=false"]
+    return out, subprocess.Popen(evora_cmd(*args), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 300):
+    """Poll the run folder until `ready()` returns something (the run must still be going)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the run ended before {what}: {process.stderr.read()[-3000:]}"
+        found = ready()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_folder(out: Path):
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    return runs[0] if runs else None
+
+
+def logged(out: Path, generation: int):
+    run_dir = run_folder(out)
+    if run_dir is not None and any(r["generation"] >= generation for r in read_metrics(run_dir)):
+        return run_dir
+    return None
+
+
+def live_workers(run_dir: Path) -> list:
+    prefix = f"evora-worker-{run_tag(run_dir)}-"
+    return [a for a in list_actors(filters=[("state", "=", "ALIVE")]) if (a.name or "").startswith(prefix)]
+
+
+def finish(process: subprocess.Popen) -> str:
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    return stdout
+
+
+def assert_same_result(run_dir: Path, reference: Path) -> None:
+    ours, theirs = (load_file(str(d / "adapters" / "mean" / "adapter_model.safetensors")) for d in (run_dir, reference))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    rewards = [[r.get("reward_mean") for r in read_metrics(d)] for d in (run_dir, reference)]
+    assert rewards[0] == rewards[1]
+
+
+def test_killed_driver_restarts_from_its_checkpoint_with_the_same_result(cluster):
+    reference, _ = cli_run(*FAULT_RUN, "hardware.num_workers=1")
+    out, process = start_on(cluster)
+    run_dir = wait_for(process, lambda: (d := run_folder(out)) and (d / "checkpoints" / "latest.pt").exists() and d,
+                       "the first checkpoint")
+    ray.kill(ray.get_actor(driver_name(str(run_dir))), no_restart=False)
+    stdout = finish(process)
+    assert "restarted from the last checkpoint" in stdout and "resumed at generation 1" in stdout, stdout
+    assert_same_result(run_dir, reference)
+
+
+def test_killed_worker_and_removed_node_do_not_change_the_result(cluster):
+    reference, _ = cli_run(*FAULT_RUN, "hardware.num_workers=1")
+    out, process = start_on(cluster)
+    run_dir = wait_for(process, lambda: logged(out, 0), "the initial evaluation")  # generation 1 is under way
+    victim = live_workers(run_dir)[0]
+    ray.kill(ray.get_actor(victim.name))
+
+    wait_for(process, lambda: logged(out, 1), "generation 1")
+    driver_node = next(a.node_id for a in list_actors(filters=[("name", "=", driver_name(str(run_dir)))]))
+    worker_nodes = {a.node_id for a in live_workers(run_dir)}
+    node = next(n for n in cluster.worker_nodes if n.node_id in worker_nodes and n.node_id != driver_node)
+    cluster.remove_node(node, allow_graceful=False)
+    finish(process)
+    assert_same_result(run_dir, reference)
+
+
+# --- Hydra multirun -------------------------------------------------------------------------
+
+def test_multirun_shares_one_ray_session_groups_wandb_runs_and_writes_a_sweep_summary():
+    out, ray_tmp = Path(tempfile.mkdtemp(prefix="evora-test-")), Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
+    result = run_evora(["-m", "strategy=es,ga", "generations=1", "engine=hf", "hardware.num_workers=1",
+                        "task.prompts_per_generation=8", "task.eval_size=16", "tracking=wandb",
+                        "tracking.wandb_mode=offline", f"tracking.out_dir={out}"], cwd=out,
+                       env={**FAKE_SECRETS, "RAY_TMPDIR": str(ray_tmp)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    sweep = only_run_dir(out)
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    assert len(list(ray_tmp.glob("ray/session_2*"))) == 1, "each job started its own Ray"
+    rows = json.loads((sweep / "sweep_summary.json").read_text())
+    assert [r["strategy"] for r in rows] == ["es", "ga"] and all(r["status"] == "completed" for r in rows)
+    for row, job in zip(rows, ("0", "1")):
+        summary = json.loads((sweep / job / "eval" / "summary.json").read_text())
+        assert row["final_heldout"] == summary["final_heldout"] and row["generations"] == 1
+        assert row["wall_clock_s"] > 0 and row["run_dir"].endswith(f"/{job}")
+        wandb_run = next((sweep / job / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
+        assert f'"wandb_group":"{sweep.name}"'.encode() in wandb_run  # the group, in the run's W&B config
+    markdown = (sweep / "sweep_summary.md").read_text()
+    assert "strategy=es" in markdown and "strategy=ga" in markdown
+    assert_no_secrets(sweep)
+
+
+def assert_no_secrets(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for name, value in FAKE_SECRETS.items():
+                assert value.encode() not in data, f"{name} found in {path}"
+
+
+# --- security defaults ----------------------------------------------------------------------
+
+LISTENERS = textwrap.dedent("""
+    import json, os, psutil, ray
+    from evora.config.compose import compose_run, setup
+    from evora.distributed.launch import init_ray
+    setup()
+    init_ray(compose_run([]))
+    node = ray._private.worker.global_worker.node
+    session = node.get_session_dir_path()
+    ours = {p.pid for p in psutil.process_iter(["cmdline"]) if session in " ".join(p.info["cmdline"] or [])}
+    ours |= {c.pid for c in psutil.Process().children(recursive=True)} | {os.getpid()}
+    listening = sorted({c.laddr.ip for c in psutil.net_connections("inet")
+                        if c.status == psutil.CONN_LISTEN and c.pid in ours})
+    print(json.dumps({"node_ip": node.node_ip_address, "listening": listening,
+                      "dashboard": ray._private.worker.get_dashboard_url()}))
+    ray.shutdown()
+""")
+
+
+def test_local_ray_listens_on_loopback_only_and_has_no_dashboard():
+    ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
+    result = subprocess.run([sys.executable, "-c", LISTENERS], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["node_ip"] == "127.0.0.1" and not report["dashboard"]
+    assert report["listening"] and all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip in report["listening"]), \
+        report["listening"]
