@@ -6,6 +6,8 @@ one line before Ray starts.
     evora -m strategy.sigma=0.001,0.002 seed=0,1,2
     evora resume=runs/<run folder> generations=60
     evora eval adapter=runs/<run folder>/adapters/best compare=true
+    evora analyze runs/<run folder>           plots/ and report.md (a sweep folder: sweep.png)
+    evora runs list | show <run> | clean --keep N [--yes]
 """
 
 from __future__ import annotations
@@ -44,9 +46,12 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from evora.distributed.launch import launch
     from evora.tracking.progress import ConsoleProgress
 
+    from evora.runs import run_lock
+
     run_dir = HydraConfig.get().runtime.output_dir
     try:
-        with ConsoleProgress(enabled=run.tracking.progress) as progress:
+        # run.lock tells `evora runs` this folder is live (and keeps `runs clean` off it).
+        with run_lock(run_dir), ConsoleProgress(enabled=run.tracking.progress) as progress:
             return launch(run, run_dir, progress.handle)
     except EvoraError as error:
         _die(error)
@@ -107,11 +112,63 @@ def eval_main(argv: list[str]) -> None:
     print("reports: " + ", ".join(report["paths"]))
 
 
+def analyze_main(argv: list[str]) -> None:
+    """`evora analyze <run or sweep folder>`: plots + report.md; prints the paths."""
+    import argparse
+    from pathlib import Path
+
+    from evora.errors import ConfigError
+
+    parser = argparse.ArgumentParser(prog="evora analyze")
+    parser.add_argument("folder", help="a run folder, or a multirun sweep folder (with sweep_summary.json)")
+    args = parser.parse_args(argv)
+    try:
+        folder = Path(args.folder)
+        if not folder.is_dir():
+            raise ConfigError(f"{folder}: no such folder")
+        from evora.analysis.report import analyze
+
+        paths = analyze(folder)
+    except EvoraError as error:
+        _die(error)
+    print("\n".join(str(p) for p in paths))
+
+
+def runs_main(argv: list[str]) -> None:
+    """`evora runs list [--dir D] | show <run> | clean --keep N [--yes] [--dir D]`."""
+    import argparse
+
+    from evora import runs
+
+    parser = argparse.ArgumentParser(prog="evora runs")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list").add_argument("--dir", default="runs")
+    commands.add_parser("show").add_argument("run")
+    clean = commands.add_parser("clean")
+    clean.add_argument("--keep", type=int, required=True)
+    clean.add_argument("--yes", action="store_true")
+    clean.add_argument("--dir", default="runs")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            runs.print_runs(args.dir)
+        elif args.command == "show":
+            runs.show_run(args.run)
+        else:
+            deleted = runs.clean_runs(args.dir, args.keep, args.yes)
+            print("\n".join(f"deleted {run}" for run in deleted))
+    except EvoraError as error:
+        _die(error)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup()
     if argv[:1] == ["eval"]:
         eval_main(argv[1:])
+        return
+    if argv[:1] in (["analyze"], ["runs"]):
+        (analyze_main if argv[0] == "analyze" else runs_main)(argv[1:])
         return
     try:
         preflight(argv)

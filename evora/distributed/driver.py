@@ -37,7 +37,7 @@ from evora.strategies.base import BASE, CENTER, Strategy
 from evora.tasks import build_task
 from evora.tasks.fitness import parse_fitness
 from evora.tracking import checkpoint
-from evora.tracking.metrics import JsonlSink, MetricsSink, WandbSink
+from evora.tracking.metrics import JsonlSink, MetricsSink, RewardPlotSink, WandbSink
 from evora.tracking.run_dir import LINEAGE_FILE, config_dict, write_config
 
 
@@ -127,7 +127,8 @@ class Driver:
 
     def _open_sinks(self) -> list[MetricsSink]:
         run = self.run_cfg
-        sinks: list[MetricsSink] = [JsonlSink(self.run_dir, self.next_generation if self.resumed else -1)]
+        sinks: list[MetricsSink] = [JsonlSink(self.run_dir, self.next_generation if self.resumed else -1),
+                                    RewardPlotSink(self.run_dir)]
         if run.tracking.name == "wandb":
             tracking = run.tracking
             sinks.append(WandbSink(self.run_dir, project=tracking.wandb_project, entity=tracking.wandb_entity,

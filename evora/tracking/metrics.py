@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,6 +57,7 @@ class WandbSink:
                  mode: str, config: dict[str, Any]):
         import wandb
 
+        self.run_dir = Path(run_dir)
         id_file = Path(run_dir) / "wandb_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
@@ -67,7 +69,44 @@ class WandbSink:
                      step=int(record.get("generation", 0)))
 
     def close(self) -> None:
+        """The run's figures (`evora analyze`'s plots) go to W&B too, then the run ends."""
+        import wandb
+
+        from evora.analysis.plots import write_plots
+
+        figures = {f"plots/{path.stem}": wandb.Image(str(path)) for path in write_plots(self.run_dir)}
+        if figures:
+            self.run.log(figures)
         self.run.finish()
+
+
+class RewardPlotSink:
+    """plots/reward.png redrawn as the run goes (seed 001's live plot): at most every
+    `every_s` seconds, and at the end. Written to a temporary name, then renamed, so a
+    viewer never opens half a PNG."""
+
+    def __init__(self, run_dir: str | Path, every_s: float = 10.0):
+        self.run_dir, self.every_s, self.drawn_at = Path(run_dir), every_s, float("-inf")
+
+    def log(self, record: dict[str, Any]) -> None:
+        if time.monotonic() - self.drawn_at >= self.every_s:
+            self.draw()
+
+    def draw(self) -> None:
+        from evora.analysis.plots import PLOTS_DIR, plot_reward
+
+        metrics = read_metrics(self.run_dir)
+        if not metrics:
+            return
+        path = self.run_dir / PLOTS_DIR / "reward.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(".reward.png.partial")
+        plot_reward(metrics).savefig(partial, dpi=120, format="png")
+        os.replace(partial, path)
+        self.drawn_at = time.monotonic()
+
+    def close(self) -> None:
+        self.draw()
 
 
 def read_metrics(run_dir: str | Path, filename: str = METRICS_FILE) -> list[dict[str, Any]]:

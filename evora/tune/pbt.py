@@ -27,6 +27,7 @@ import ray
 import torch
 from ray import tune
 from ray.tune import Callback
+from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining
 from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -141,6 +142,20 @@ class LoraLabPBT(PopulationBasedTraining):
         self.space = space
         self.lineage_path = str(Path(run_dir) / LINEAGE_FILE)
         self.rng = random.Random(noise_key(seed, "pbt-explore"))
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        """Ray's synchronous PBT deadlocks after Tuner.restore when members resumed at
+        different generations: an exploit copies the leader's train time to the clones,
+        every member ends at or past the next sync point, and none may run
+        (ray-project/ray#48616). Then the sync point moves to the laggards' next step."""
+        trial = super().choose_trial_to_run(tune_controller)
+        trials = tune_controller.get_trials()
+        waiting = [t for t in trials if t.status in (Trial.PENDING, Trial.PAUSED)]
+        if trial is None and waiting and not any(t.status == Trial.RUNNING for t in trials):
+            self._next_perturbation_sync = min(self._trial_state[t].last_train_time for t in waiting) + \
+                self._perturbation_interval
+            trial = super().choose_trial_to_run(tune_controller)
+        return trial
 
     def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict, dict]:
         old = trial_to_clone.config

@@ -333,6 +333,41 @@ def test_pbt_members_that_cannot_fit_beside_the_engines_stop_the_run_at_start(tm
     assert lines[-1].startswith("evora: error: hardware.trial_cpus=4.0: only 1 CPU left beside the engine workers")
 
 
+# --- analysis of real runs -------------------------------------------------------------
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args,expected", [
+    ((*SMALL, "generations=3", "hardware.num_workers=2"), {"reward", "timing"}),
+    ((*GA, "generations=3", "hardware.num_workers=2"), {"reward", "timing", "lineage", "mutations"}),
+    ((*PBT, "tracking=wandb", "tracking.wandb_mode=offline"),
+     {"reward", "lineage", "mutations", "hyperparameters", "survival"}),
+], ids=["es", "ga", "pbt"])
+def test_analyze_real_runs_writes_every_plot_and_a_report(args, expected, tmp_path):
+    run_dir, _ = cli_run(*args)
+    copy = shutil.copytree(run_dir, tmp_path / run_dir.name)  # other tests read the cached run as it was
+    if "strategy=pbt" not in args:
+        assert (copy / "plots" / "reward.png").read_bytes().startswith(PNG)  # drawn during the run
+    result = run_evora(["analyze", str(copy)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = {p.stem for p in (copy / "plots").glob("*.png")}
+    assert expected <= written, written
+    assert all(p.read_bytes().startswith(PNG) for p in (copy / "plots").glob("*.png"))
+    report = (copy / "report.md").read_text()
+    assert "adapters/best" in report and "plots/reward.png" in report
+    summary = json.loads((copy / "eval" / "summary.json").read_text())
+    best = summary.get("best_heldout", summary.get("best_heldout_fitness"))
+    assert f"{best:.4f}" in report, (best, report[:2000])
+
+
+def test_runs_list_shows_real_runs_and_their_status(tmp_path):
+    run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    result = run_evora(["runs", "list", "--dir", str(run_dir.parent)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert run_dir.name[:19] in result.stdout and "finished" in result.stdout
+
+
 # --- the quickstart ----------------------------------------------------------------------
 
 def test_quickstart_improves_heldout_reward_over_the_base_model():

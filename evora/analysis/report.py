@@ -1,0 +1,189 @@
+"""<run>/report.md: what was run, what came out, the curves, and findings computed from
+the data, so that a run folder explains itself without a notebook. Also a short
+sweep report for a multirun folder. No Ray, vLLM or W&B here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from evora.analysis.plots import (HYPERPARAMETERS, PHASES, PLOTS_DIR, SWEEP_SUMMARY, is_pbt, read_jsonl, read_trials, sweep_groups,
+                                  write_plots, write_sweep_plot)
+from evora.tracking.metrics import read_metrics
+from evora.tracking.run_dir import CONFIG_FILE, LINEAGE_FILE
+
+REPORT = "report.md"
+STRATEGY_KEYS = {"es": ("population", "sigma", "lr", "antithetic", "shaping", "optimizer"),
+                 "ga": ("population", "keep_top", "parents", "selection", "crossover_rate", "mutation_scale"),
+                 "pbt": ("population", "steps_per_generation", "ranks", "learning_rates", "keep_top_fraction",
+                         "fitness")}
+PLOT_TITLES = {"reward": "Reward / fitness over generations", "timing": "Time per generation",
+               "lineage": "Family tree", "mutations": "Mutation effectiveness",
+               "hyperparameters": "Mean fitness by rank and learning rate", "survival": "Hyperparameter survival"}
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _num(value: Any) -> float | None:
+    """A number, or a metrics dict's fitness/reward (PBT summaries hold dicts)."""
+    if isinstance(value, dict):
+        value = value.get("fitness", value.get("reward"))
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _configuration(config: dict[str, Any]) -> list[str]:
+    strategy = config.get("strategy", {})
+    keys = STRATEGY_KEYS.get(strategy.get("name"), ())
+    params = ", ".join(f"{k}={strategy[k]}" for k in keys if k in strategy)
+    return ["## Configuration", "",
+            f"- model: `{config.get('model', {}).get('name')}` ({config.get('model', {}).get('path')})",
+            f"- task: `{config.get('task', {}).get('name')}`",
+            f"- strategy: `{strategy.get('name')}` ({params})",
+            f"- generations: {config.get('generations')}, seed: {config.get('seed')}", ""]
+
+
+def outcome(summary: dict[str, Any]) -> dict[str, Any]:
+    """base / final / best held-out numbers from eval/summary.json (ES, GA or PBT layout)."""
+    best = _num(summary.get("best_heldout_fitness")) if "best_heldout_fitness" in summary \
+        else _num(summary.get("best_heldout"))
+    return {"base": _num(summary.get("base_heldout")), "final": _num(summary.get("final_heldout")), "best": best,
+            "best_generation": summary.get("best_generation"), "best_member": summary.get("best_member")}
+
+
+def _best_variant(run: Path, summary: dict[str, Any]) -> list[str]:
+    numbers = outcome(summary)
+    lines = ["## Best variant", ""]
+    if not summary:
+        return lines + ["No eval/summary.json: the run did not finish.", ""]
+    lines.append(f"- best held-out {'fitness' if summary.get('strategy') == 'pbt' else 'reward'}: "
+                 f"{_fmt(numbers['best'])}")
+    if numbers["best_generation"] is not None:
+        lines.append(f"- from generation {numbers['best_generation']}")
+    if numbers["best_member"]:
+        lines.append(f"- best member: `{numbers['best_member']}` {summary.get('best_hyperparameters', '')}")
+    lines.append(f"- adapter: `adapters/best` (PEFT layout; `{run.resolve() / 'adapters' / 'best'}`)")
+    return lines + [""]
+
+
+def _final_metrics(summary: dict[str, Any]) -> list[str]:
+    n = outcome(summary)
+    return ["## Final metrics (held-out)", "", "| base model | final | best |", "| --- | --- | --- |",
+            f"| {_fmt(n['base'])} | {_fmt(n['final'])} | {_fmt(n['best'])} |", ""]
+
+
+def _curves(plots: list[Path]) -> list[str]:
+    lines = ["## Curves", ""]
+    for path in plots:
+        lines += [f"### {PLOT_TITLES.get(path.stem, path.stem)}", "", f"![{path.stem}]({PLOTS_DIR}/{path.name})", ""]
+    return lines
+
+
+def _comparison(comparison: dict[str, Any]) -> list[str]:
+    if not comparison:
+        return []
+    counts, base, adapter = comparison.get("counts", {}), comparison.get("base_metrics", {}), \
+        comparison.get("adapter_metrics", {})
+    lines = ["## Best adapter vs base model", "",
+             f"On {comparison.get('examples')} {comparison.get('split')} examples of `{comparison.get('task')}`: "
+             + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()) + ".", "",
+             "| metric | base | adapter |", "| --- | --- | --- |"]
+    lines += [f"| {k} | {_fmt(base.get(k))} | {_fmt(adapter.get(k))} |" for k in adapter]
+    return lines + ["", "Examples: `eval/best_vs_base.md`.", ""]
+
+
+def findings(metrics: list[dict[str, Any]], summary: dict[str, Any], trials: list[dict[str, Any]]) -> list[str]:
+    """Sentences computed from the data; each is left out when its data is missing."""
+    found = []
+    n = outcome(summary)
+    if n["base"] is not None and n["best"] is not None:
+        found.append(f"The best adapter scores {n['best']:.4f} held-out against the base model's {n['base']:.4f} "
+                     f"({n['best'] - n['base']:+.4f}).")
+    if n["best_generation"] is not None and summary.get("generations"):
+        found.append(f"The best adapter comes from generation {n['best_generation']} of {summary['generations']}.")
+    found += _heldout_peak(metrics) + _slowest_phase(metrics) + _surviving_values(trials)
+    return found
+
+
+def _heldout_peak(metrics: list[dict[str, Any]]) -> list[str]:
+    heldout = [(r["generation"], r["heldout_reward"]) for r in metrics if r.get("heldout_reward") is not None]
+    if len(heldout) < 2:
+        return []
+    peak = max(heldout, key=lambda p: p[1])
+    if peak[0] < heldout[-1][0] and peak[1] > heldout[-1][1]:
+        return [f"The held-out reward peaked at generation {peak[0]} ({peak[1]:.4f}) and ended at "
+                f"{heldout[-1][1]:.4f}: later generations overfit the selection prompts or drifted."]
+    return [f"The held-out reward was still at its highest at the last evaluation (generation {heldout[-1][0]})."]
+
+
+def _slowest_phase(metrics: list[dict[str, Any]]) -> list[str]:
+    totals = {k: sum(r.get(k) or 0.0 for r in metrics) for k in PHASES}
+    total = sum(totals.values())
+    if total <= 0:
+        return []
+    slowest = max(totals, key=totals.get)
+    return [f"`{slowest.removeprefix('seconds_')}` takes {100 * totals[slowest] / total:.0f}% of the "
+            f"measured generation time."]
+
+
+def _surviving_values(trials: list[dict[str, Any]]) -> list[str]:
+    if not trials:
+        return []
+    last = max(t["generation"] for t in trials)
+    held = {k: sorted({str(t[k]) for t in trials if t["generation"] == last and k in t}) for k in HYPERPARAMETERS}
+    return ["Hyperparameter values in the last generation: "
+            + "; ".join(f"{k} {', '.join(v)}" for k, v in held.items() if v) + "."]
+
+
+def write_report(run_dir: str | Path, plots: list[Path] | None = None) -> Path:
+    run = Path(run_dir)
+    config_path = run / CONFIG_FILE
+    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    summary, comparison = _json(run / "eval" / "summary.json"), _json(run / "eval" / "best_vs_base.json")
+    metrics, trials = read_metrics(run), read_trials(run)
+    plots = write_plots(run) if plots is None else plots
+    lines = [f"# Run report: {run.name}", ""]
+    lines += _configuration(config) + _best_variant(run, summary) + _final_metrics(summary)
+    lines += ["## Notable findings", ""] + [f"- {f}" for f in findings(metrics, summary, trials)] + [""]
+    lines += _curves(plots) + _comparison(comparison)
+    if is_pbt(metrics) or (run / LINEAGE_FILE).exists():
+        lines += [f"Lineage records: {len(read_jsonl(run / LINEAGE_FILE))} (`{LINEAGE_FILE}`).", ""]
+    path = run / REPORT
+    path.write_text("\n".join(lines))
+    return path
+
+
+def is_sweep(folder: str | Path) -> bool:
+    return (Path(folder) / SWEEP_SUMMARY).exists()
+
+
+def write_sweep_report(sweep_dir: str | Path) -> list[Path]:
+    """sweep.png plus report.md: one row per override set, seeds pooled."""
+    folder = Path(sweep_dir)
+    plot = write_sweep_plot(folder)
+    groups = sweep_groups(json.loads((folder / SWEEP_SUMMARY).read_text()))
+    lines = [f"# Sweep report: {folder.name}", "", "| overrides | seeds | mean | min | max |",
+             "| --- | --- | --- | --- | --- |"]
+    for key, values in sorted(groups.items(), key=lambda kv: -sum(kv[1]) / len(kv[1])):
+        lines.append(f"| `{key}` | {len(values)} | {sum(values) / len(values):.4f} | {min(values):.4f} | "
+                     f"{max(values):.4f} |")
+    lines += ["", f"![sweep]({PLOTS_DIR}/{plot.name})", ""]
+    path = folder / REPORT
+    path.write_text("\n".join(lines))
+    return [plot, path]
+
+
+def analyze(folder: str | Path) -> list[Path]:
+    """`evora analyze`: a run folder's plots and report, or a sweep folder's."""
+    if is_sweep(folder):
+        return write_sweep_report(folder)
+    plots = write_plots(folder)
+    return [*plots, write_report(folder, plots)]
