@@ -107,7 +107,9 @@ def print_runs(directory: str | Path) -> None:
         best = "-" if info["best_heldout"] is None else f"{info['best_heldout']:.4f}"
         table.add_row(info["name"], str(info["strategy"]), str(info["task"]), str(info["model"]),
                       info["generations"], best, info["status"])
-    Console().print(table)
+    # Piped or in a log, rich would assume 80 columns and cut every cell short.
+    console = Console()
+    Console(width=None if console.is_terminal else 200).print(table)
 
 
 def show_run(run_dir: str | Path) -> None:

@@ -10,7 +10,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import Any, Callable
 
 import matplotlib
 
@@ -79,7 +79,8 @@ def _reward_lines(ax: Any, metrics: list[Record]) -> None:
                         [r["reward_p80"] for r in band], alpha=0.2, label="population p20–p80")
     ax.plot(*_series(metrics, "reward_mean"), label="population mean")
     ax.plot(*_series(metrics, "reward_max"), linewidth=1, alpha=0.7, label="best member")
-    ax.plot(*_series(metrics, "heldout_reward"), marker="o", label="held-out")
+    # Held-out is measured every k generations: dotted between points, not a measured curve.
+    ax.plot(*_series(metrics, "heldout_reward"), marker="o", linestyle=":", label="held-out")
     base = next((r.get("base_heldout_reward") for r in metrics if r.get("generation") == 0), None)
     if base is not None:
         ax.axhline(base, linestyle="--", color="grey", label="base model held-out")
@@ -96,7 +97,11 @@ def plot_timing(metrics: list[Record]) -> Figure:
         values = [r.get(key) or 0.0 for r in rows]
         ax.bar(generations, values, bottom=bottom, label=key.removeprefix("seconds_"))
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set(title="Time per generation", xlabel="generation", ylabel="seconds")
+    # Phases are work summed over the workers' units (it can exceed the wall-clock with
+    # several workers); the generation's wall-clock is drawn over them to compare.
+    if any(r.get("seconds") is not None for r in rows):
+        ax.plot(*_series(rows, "seconds"), color="grey", linestyle="--", label="wall-clock")
+    ax.set(title="Time per generation", xlabel="generation", ylabel="seconds (summed over workers)")
     twin = ax.twinx()
     twin.plot(*_series(rows, "tokens_per_second"), color="black", marker=".", label="tokens/s")
     twin.set_ylabel("tokens/s")
@@ -264,14 +269,14 @@ def _exploit_effects(lineage: list[Record], trials: list[Record]) -> dict[str, l
     return dict(effects)
 
 
-def plot_mutation_effects(effects: dict[str, list[float]]) -> Figure:
+def plot_mutation_effects(effects: dict[str, list[float]], xlabel: str = "operator") -> Figure:
     fig, ax = _figure(7, 4.5)
     labels = sorted(effects)
     ax.boxplot([effects[k] for k in labels], tick_labels=[f"{k}\n(n={len(effects[k])})" for k in labels])
     for i, k in enumerate(labels, start=1):  # the points too: a box of 1-3 values is just a line
         ax.plot([i] * len(effects[k]), effects[k], "k.", alpha=0.3, zorder=3)
     ax.axhline(0, color="grey", linestyle="--", linewidth=0.8)
-    ax.set(title="Mutation effectiveness", ylabel="fitness change")
+    ax.set(title="Mutation effectiveness", xlabel=xlabel, ylabel="fitness change")
     return fig
 
 
@@ -322,22 +327,30 @@ def _save(fig: Figure, path: Path) -> Path:
 
 def write_plots(run_dir: str | Path) -> list[Path]:
     """Every figure this run has data for, as <run>/plots/<name>.png."""
-    run, out = Path(run_dir), Path(run_dir) / PLOTS_DIR
+    out = Path(run_dir) / PLOTS_DIR
+    return [_save(make(), out / f"{name}.png") for name, make in figures(run_dir).items()]
+
+
+def figures(run_dir: str | Path) -> dict[str, Callable[[], Figure]]:
+    """The figures this run has data for, by plot name, each drawn when called."""
+    run = Path(run_dir)
     metrics, lineage, trials = read_metrics(run), read_jsonl(run / LINEAGE_FILE), read_trials(run)
-    figures: dict[str, Any] = {}
+    makers: dict[str, Callable[[], Figure]] = {}
     if metrics:
-        figures["reward"] = lambda: plot_reward(metrics)
+        makers["reward"] = lambda: plot_reward(metrics)
         if not is_pbt(metrics) and any(k in r for r in metrics for k in PHASES):
-            figures["timing"] = lambda: plot_timing(metrics)
+            makers["timing"] = lambda: plot_timing(metrics)
     if lineage:
-        figures["lineage"] = lambda: plot_lineage(lineage, trials)
+        makers["lineage"] = lambda: plot_lineage(lineage, trials)
         effects = mutation_effects(lineage, trials)
         if effects:
-            figures["mutations"] = lambda: plot_mutation_effects(effects)
+            # GA groups by operator; PBT (trials.jsonl) by the hyperparameter an exploit changed.
+            label = "changed hyperparameter" if trials else "operator"
+            makers["mutations"] = lambda: plot_mutation_effects(effects, label)
     if trials:
-        figures["hyperparameters"] = lambda: plot_hyperparameter_heatmap(trials)
-        figures["survival"] = lambda: plot_hyperparameter_survival(trials)
-    return [_save(make(), out / f"{name}.png") for name, make in figures.items()]
+        makers["hyperparameters"] = lambda: plot_hyperparameter_heatmap(trials)
+        makers["survival"] = lambda: plot_hyperparameter_survival(trials)
+    return makers
 
 
 def write_sweep_plot(sweep_dir: str | Path) -> Path:

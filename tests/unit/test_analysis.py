@@ -118,12 +118,15 @@ def test_pbt_reward_plot_shows_fitness():
 
 
 def test_timing_plot_stacks_four_phases_with_tokens_on_twin_axis():
-    fig = plots.plot_timing(_es_metrics())
+    metrics = [{**r, "seconds": 1.5} if r["generation"] else r for r in _es_metrics()]
+    fig = plots.plot_timing(metrics)
     ax, twin = fig.axes
-    assert (ax.get_xlabel(), ax.get_ylabel(), twin.get_ylabel()) == ("generation", "seconds", "tokens/s")
+    assert (ax.get_xlabel(), ax.get_ylabel(), twin.get_ylabel()) == (
+        "generation", "seconds (summed over workers)", "tokens/s")
     assert len(ax.containers) == 4 and all(len(c) == 6 for c in ax.containers)  # generation 0 has no timing
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["materialise", "generate", "reward", "update",
-                                                                    "tokens/s"]
+    assert list(ax.lines[0].get_ydata()) == [1.5] * 6  # the wall-clock over the summed phases
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["wall-clock", "materialise", "generate", "reward",
+                                                                    "update", "tokens/s"]
 
 
 def test_lineage_plot_edges_survivors_and_colorbar():
