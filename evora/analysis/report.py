@@ -120,7 +120,7 @@ def _heldout_peak(metrics: list[dict[str, Any]]) -> list[str]:
     peak = max(heldout, key=lambda p: p[1])
     if peak[0] < heldout[-1][0] and peak[1] > heldout[-1][1]:
         return [f"The held-out reward peaked at generation {peak[0]} ({peak[1]:.4f}) and ended at "
-                f"{heldout[-1][1]:.4f}: later generations overfit the selection prompts or drifted."]
+                f"{heldout[-1][1]:.4f}: the final adapter is not the best one; use adapters/best."]
     return [f"The held-out reward was still at its highest at the last evaluation (generation {heldout[-1][0]})."]
 
 
