@@ -291,7 +291,8 @@ def test_pbt_experiment_killed_after_the_first_perturbation_resumes(tmp_path):
 
     out, ray_tmp = Path(tempfile.mkdtemp(prefix="evora-test-")), Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp)}
-    process = subprocess.Popen(evora_cmd("tracking.progress=false", "strategy=pbt", "generations=4",
+    process = subprocess.Popen(evora_cmd("tracking.progress=false", "strategy=pbt", "generations=3",
+                                         "strategy.steps_per_generation=10",
                                          f"tracking.out_dir={out}"), cwd=out, env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     lineage = None
@@ -311,7 +312,7 @@ def test_pbt_experiment_killed_after_the_first_perturbation_resumes(tmp_path):
     result = run_evora([f"resume={run_dir}"], cwd=out)
     assert result.returncode == 0, result.stderr[-4000:]
     trials = read_metrics(run_dir, "trials.jsonl")
-    assert {t["trial"] for t in trials if t["generation"] == 4} == {t["trial"] for t in trials}
+    assert {t["trial"] for t in trials if t["generation"] == 3} == {t["trial"] for t in trials}
     assert json.loads((run_dir / "eval" / "summary.json").read_text())["best_member"]
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
