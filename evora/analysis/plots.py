@@ -21,25 +21,18 @@ from matplotlib.collections import LineCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from evora.tracking.metrics import read_metrics  # noqa: E402
+from evora.tracking.metrics import read_metrics, read_trials  # noqa: E402,F401 (read_trials: part of this API)
 from evora.tracking.run_dir import LINEAGE_FILE  # noqa: E402
+from evora.tune.space import KEYS as HYPERPARAMETERS  # noqa: E402 (Ray-free)
 
-TRIALS_FILE = "trials.jsonl"  # evora.tune.pbt.TRIALS_FILE; that module imports Ray
 SWEEP_SUMMARY = "sweep_summary.json"
 PLOTS_DIR = "plots"
 PHASES = ("seconds_materialise", "seconds_generate", "seconds_reward", "seconds_update")
-HYPERPARAMETERS = ("rank", "alpha_multiplier", "learning_rate", "dropout", "target_modules")  # evora.tune.space.KEYS
 Record = dict[str, Any]
 
 
 def read_jsonl(path: Path) -> list[Record]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def read_trials(run_dir: str | Path) -> list[Record]:
-    """The last result of every (trial, generation), as evora.tune.pbt.read_trials."""
-    latest = {(r["trial"], r["generation"]): r for r in read_jsonl(Path(run_dir) / TRIALS_FILE)}
-    return sorted(latest.values(), key=lambda r: (r["generation"], r["trial"]))
+    return read_metrics(path.parent, path.name)
 
 
 def is_pbt(metrics: list[Record]) -> bool:

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
-from evora.tracking.run_dir import METRICS_FILE
+from evora.tracking.run_dir import METRICS_FILE, TRIALS_FILE
 
 
 class MetricsSink(Protocol):
@@ -114,3 +114,9 @@ def read_metrics(run_dir: str | Path, filename: str = METRICS_FILE) -> list[dict
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_trials(run_dir: str | Path) -> list[dict[str, Any]]:
+    """PBT's trials.jsonl, the last result of every (trial, generation): a resumed trial repeats a few."""
+    latest = {(r["trial"], r["generation"]): r for r in read_metrics(run_dir, TRIALS_FILE)}
+    return sorted(latest.values(), key=lambda r: (r["generation"], r["trial"]))

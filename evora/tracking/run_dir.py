@@ -15,6 +15,7 @@ REDACTED = "<redacted>"
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 LINEAGE_FILE = "lineage.jsonl"  # GA/PBT family tree: one record per member
+TRIALS_FILE = "trials.jsonl"  # PBT: every trial's result, every generation
 
 
 def new_run_dir(out_dir: str, name: str, now: datetime | None = None) -> str:

@@ -45,12 +45,12 @@ from evora.strategies.base import BASE, CENTER
 from evora.tasks import build_task
 from evora.tasks.fitness import parse_fitness
 from evora.tasks.prompts import PromptRenderer
-from evora.tracking.run_dir import LINEAGE_FILE, METRICS_FILE, write_config
+from evora.tracking.metrics import read_trials
+from evora.tracking.run_dir import LINEAGE_FILE, METRICS_FILE, TRIALS_FILE, write_config
 from evora.tune.space import KEYS, explore, member_id, module_sets, modules_of, sample
 from evora.tune.sft import LoraSFT, TrainSettings
 
 EXPERIMENT = "pbt"
-TRIALS_FILE = "trials.jsonl"  # every trial's result, every generation
 
 
 @dataclass(frozen=True)
@@ -187,16 +187,6 @@ class TrialLog(Callback):
             print(f"gen {record['generation']:>3}/{self.generations}  {record['member']:<28} fitness "
                   f"{record['fitness']:.3f}  accuracy {record['accuracy']:.3f}  perplexity {record['perplexity']:.2f}"
                   f"  loss {record['loss']:.3f}", flush=True)
-
-
-def read_trials(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The last result of every (trial, generation): a resumed trial repeats a few."""
-    path = Path(run_dir) / TRIALS_FILE
-    latest: dict[tuple[str, int], dict] = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
-        record = json.loads(line)
-        latest[(record["trial"], record["generation"])] = record
-    return sorted(latest.values(), key=lambda r: (r["generation"], r["trial"]))
 
 
 def generation_records(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
