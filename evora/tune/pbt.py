@@ -160,7 +160,10 @@ class LoraLabPBT(PopulationBasedTraining):
     def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict, dict]:
         old = trial_to_clone.config
         new, operations = explore(old, self.space, self.rng)
-        last = trial_to_clone.last_result or {}
+        # The result PBT ranked the parent by (its own record), not the trial's latest result,
+        # which Tune can reset when it pauses and restarts the trial.
+        state = self._trial_state.get(trial_to_clone)
+        last = (state.last_result if state is not None else None) or trial_to_clone.last_result or {}
         generation = int(last.get("generation", 0))
         record = {"generation": generation, "op": "exploit", "trial": trial.trial_id,
                   "from_trial": trial_to_clone.trial_id, "parent": last.get("member", ""),
