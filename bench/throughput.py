@@ -66,17 +66,17 @@ def timed(fn, repeats: int) -> tuple[float, object]:
 
 def measure_in_process(model: Path, args: argparse.Namespace) -> dict:
     from evora.config.compose import compose_run
-    from evora.distributed.worker import EngineWorker, WorkerSpec, WorkUnit
+    from evora.distributed.worker import EngineWorker, WorkUnit, worker_spec
     from evora.engines import EngineSpec, create_engine
     from evora.lora.init import random_adapter
     from evora.lora.layout import build_layout, linear_shapes_of_model
-    from evora.strategies.base import materialise
+    from evora.strategies.protocol import materialise
 
     run = compose_run(overrides(model, args))
     layout = build_layout(linear_shapes_of_model(str(model)), rank=run.lora.rank, alpha=run.lora.alpha,
                           target_modules=run.lora.target_modules, layers=None, base_model=str(model))
-    worker = EngineWorker(WorkerSpec(run, str(model), layout, {}, "bench"), 0)
-    state = worker.strategy.initial_state(random_adapter(layout, 0, None, 0.01))
+    worker = EngineWorker(worker_spec(run, str(model), layout, "bench"), 0)
+    state = worker.strategy.start(random_adapter(layout, 0, None, 0.01))
     prompts = tuple(range(args.prompts))
     generation = iter(range(10**6))
 

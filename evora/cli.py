@@ -7,6 +7,7 @@ one line before Ray starts.
     evora resume=runs/<run folder> generations=60
     evora eval adapter=runs/<run folder>/adapters/best compare=true
     evora analyze runs/<run folder>           plots/ and report.md (a sweep folder: sweep.png)
+    evora compare runs/<run> runs/<run> ...   held-out reward against compute, side by side
     evora runs list | show <run> | clean --keep N [--yes]
 """
 
@@ -19,9 +20,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from evora.config.compose import CONF_DIR, preflight, setup, to_run_config
+from evora.config.compose import CONF_DIR, preflight, resolve_strategy_overrides, setup, to_run_config
 from evora.config.validate import validate
 from evora.errors import EvoraError
+from evora.strategies import get_strategy
 from evora.tracking.sweep import with_sweep_tracking
 
 EXIT_BAD_INPUT = 2
@@ -51,7 +53,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         # run.lock tells `evora runs` this folder is live (and keeps `runs clean` off it).
-        with run_lock(run_dir), ConsoleProgress(enabled=run.tracking.progress) as progress:
+        extra = get_strategy(run.strategy.name).console_keys
+        with run_lock(run_dir), ConsoleProgress(enabled=run.tracking.progress, extra=extra) as progress:
             return launch(run, run_dir, progress.handle)
     except EvoraError as error:
         _die(error)
@@ -96,7 +99,7 @@ def eval_main(argv: list[str]) -> None:
         stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         out = options.get("out") or str(owner / "eval" / Path(adapter).name if in_run
                                         else Path(run.tracking.out_dir) / f"{stamp}_eval")
-        from evora.distributed.evaluate import run_evaluation
+        from evora.distributed.eval_job import run_evaluation
 
         report = run_evaluation(run, adapter, compare == "true", split, out)
     except EvoraError as error:
@@ -119,7 +122,7 @@ def analyze_main(argv: list[str]) -> None:
 
     from evora.errors import ConfigError
 
-    parser = argparse.ArgumentParser(prog="evora analyze")
+    parser = argparse.ArgumentParser(prog="evora analyze", description=analyze_main.__doc__)
     parser.add_argument("folder", help="a run folder, or a multirun sweep folder (with sweep_summary.json)")
     args = parser.parse_args(argv)
     try:
@@ -134,13 +137,31 @@ def analyze_main(argv: list[str]) -> None:
     print("\n".join(str(p) for p in paths))
 
 
+def compare_main(argv: list[str]) -> None:
+    """`evora compare <run or sweep folder> ... [--out D]`: a table, compare.md and plots/compare.png."""
+    import argparse
+
+    from evora.analysis.compare import compare, print_table
+
+    parser = argparse.ArgumentParser(prog="evora compare", description=compare_main.__doc__)
+    parser.add_argument("folders", nargs="+", help="run folders, or multirun sweep folders")
+    parser.add_argument("--out", default=None, help="where compare.md and plots/ go")
+    args = parser.parse_args(argv)
+    try:
+        rows, paths = compare(args.folders, args.out)
+    except EvoraError as error:
+        _die(error)
+    print_table(rows)
+    print("\n".join(str(p) for p in paths))
+
+
 def runs_main(argv: list[str]) -> None:
     """`evora runs list [--dir D] | show <run> | clean --keep N [--yes] [--dir D]`."""
     import argparse
 
     from evora import runs
 
-    parser = argparse.ArgumentParser(prog="evora runs")
+    parser = argparse.ArgumentParser(prog="evora runs", description=runs_main.__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list").add_argument("--dir", default="runs")
     commands.add_parser("show").add_argument("run")
@@ -161,16 +182,28 @@ def runs_main(argv: list[str]) -> None:
         _die(error)
 
 
+SUBCOMMANDS = {"analyze": analyze_main, "compare": compare_main, "runs": runs_main}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup()
+    if argv[:1] in (["--help"], ["-h"], ["help"]):
+        from evora.help import help_text
+
+        print(help_text())
+        return
     if argv[:1] == ["eval"]:
+        if set(argv[1:2]) & {"--help", "-h"}:
+            print(eval_main.__doc__)
+            return
         eval_main(argv[1:])
         return
-    if argv[:1] in (["analyze"], ["runs"]):
-        (analyze_main if argv[0] == "analyze" else runs_main)(argv[1:])
+    if argv[:1] and argv[0] in SUBCOMMANDS:
+        SUBCOMMANDS[argv[0]](argv[1:])
         return
     try:
+        argv = resolve_strategy_overrides(argv)  # a user's strategy by import path -> strategy=<its name>
         preflight(argv)
     except EvoraError as error:
         _die(error)

@@ -16,9 +16,10 @@ import yaml
 from evora.errors import ConfigError
 from evora.tracking.metrics import read_metrics
 from evora.tracking.run_dir import CONFIG_FILE
+from evora.tracking.summary import SUMMARY_FILE as SUMMARY
+from evora.tracking.summary import headline, read_summary
 
 LOCK_FILE = "run.lock"
-SUMMARY = Path("eval") / "summary.json"
 
 
 @contextmanager
@@ -59,15 +60,7 @@ def is_run(folder: Path) -> bool:
 
 
 def _summary(run: Path) -> dict[str, Any]:
-    path = run / SUMMARY
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _best(summary: dict[str, Any]) -> float | None:
-    value = summary.get("best_heldout_fitness", summary.get("best_heldout"))
-    if isinstance(value, dict):
-        value = value.get("fitness", value.get("reward"))
-    return value if isinstance(value, (int, float)) else None
+    return read_summary(run) or {}
 
 
 def run_info(run: Path) -> dict[str, Any]:
@@ -76,7 +69,7 @@ def run_info(run: Path) -> dict[str, Any]:
     done = max((r.get("generation", 0) for r in metrics), default=0)
     return {"name": run.name, "strategy": config.get("strategy", {}).get("name"),
             "task": config.get("task", {}).get("name"), "model": config.get("model", {}).get("name"),
-            "generations": f"{done}/{config.get('generations')}", "best_heldout": _best(_summary(run)),
+            "generations": f"{done}/{config.get('generations')}", "best_heldout": headline(read_summary(run), "best"),
             "status": status(run)}
 
 

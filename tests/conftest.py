@@ -48,7 +48,7 @@ def evora_cmd(*args: str) -> list[str]:
 def run_evora(args: list[str], cwd: Path, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
     """The real CLI in a subprocess (its own local Ray)."""
     full_env = {**os.environ, **(env or {})}
-    if args[:1] in (["analyze"], ["runs"]):  # not a run: no config overrides
+    if args[:1] in (["analyze"], ["runs"], ["compare"]):  # not a run: no config overrides
         return subprocess.run(evora_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
     command = args[:1] if args[:1] in (["eval"], ["-m"]) else []  # a subcommand or -m comes first
     args = [*command, "tracking.progress=false", *args[len(command):]]
@@ -73,3 +73,27 @@ def cli_run(*args: str) -> tuple[Path, str]:
     result = run_evora([f"tracking.out_dir={out}", *args], cwd=out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return only_run_dir(out), result.stdout
+
+
+def make_summary(base: float, best: float, final: float | None = None, *, strategy: str = "es",
+                 generations: int = 6, best_generation: int | None = 3, best_member: str | None = None,
+                 details: dict | None = None, flops: float = 1e9) -> dict:
+    """An eval/summary.json in the one schema (validated), for hand-built run folders."""
+    from evora.tracking.summary import validate_summary
+
+    def heldout(reward):
+        return {"reward": reward, "accuracy": reward, "tokens": 4.0, "fitness": reward}
+
+    spend = {"tokens_prompt": 100, "tokens_generated": 50, "tokens_scored": 0, "tokens_trained": 0,
+             "flops_inference": flops, "flops_training": 0.0, "flops": flops}
+    summary = {"schema_version": 1, "strategy": strategy, "generations": generations,
+               "center": "mean" if final is not None else None, "base": heldout(base),
+               "final": heldout(final) if final is not None else None, "best": heldout(best),
+               "best_generation": best_generation, "best_member": best_member, "best_chosen_on": "heldout",
+               "best_vs_base": {"improvements": 3, "regressions": 0, "both_wrong": 1, "both_right": 4},
+               "adapters": {"best": "adapters/best"},
+               "compute": {"parameters": 1000, "search": spend, "evaluation": spend,
+                           "seconds": {"setup": 1.0, "search": 2.0, "evaluation": 1.0, "total": 4.0}},
+               "details": details or {}}
+    validate_summary(summary)
+    return summary

@@ -21,9 +21,9 @@ from matplotlib.collections import LineCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from evora.tracking.metrics import read_metrics, read_trials  # noqa: E402,F401 (read_trials: part of this API)
+from evora.tracking.metrics import read_metrics, read_trials  # noqa: E402
 from evora.tracking.run_dir import LINEAGE_FILE  # noqa: E402
-from evora.tune.space import KEYS as HYPERPARAMETERS  # noqa: E402 (Ray-free)
+from evora.strategies.pbt.space import KEYS as HYPERPARAMETERS  # noqa: E402 (Ray-free)
 
 SWEEP_SUMMARY = "sweep_summary.json"
 PLOTS_DIR = "plots"
@@ -280,8 +280,9 @@ def sweep_groups(rows: list[Record]) -> dict[str, list[float]]:
     groups: dict[str, list[float]] = defaultdict(list)
     for row in rows:
         key = " ".join(o for o in str(row.get("overrides", "")).split() if not re.match(r"^\+*seed=", o))
-        if row.get("final_heldout") is not None:
-            groups[key].append(row["final_heldout"])
+        value = row.get("final_heldout") if row.get("final_heldout") is not None else row.get("best_heldout")
+        if value is not None:  # PBT has no final center adapter: its best member stands for it
+            groups[key].append(value)
     return dict(groups)
 
 

@@ -12,14 +12,13 @@ import yaml
 
 from evora.analysis.plots import (HYPERPARAMETERS, PHASES, PLOTS_DIR, SWEEP_SUMMARY, is_pbt, read_jsonl, read_trials, sweep_groups,
                                   write_plots, write_sweep_plot)
+from evora.errors import ConfigError
+from evora.strategies import get_strategy
 from evora.tracking.metrics import read_metrics
 from evora.tracking.run_dir import CONFIG_FILE, LINEAGE_FILE
+from evora.tracking.summary import headline, read_summary
 
 REPORT = "report.md"
-STRATEGY_KEYS = {"es": ("population", "sigma", "lr", "antithetic", "shaping", "optimizer"),
-                 "ga": ("population", "keep_top", "parents", "selection", "crossover_rate", "mutation_scale"),
-                 "pbt": ("population", "steps_per_generation", "ranks", "learning_rates", "keep_top_fraction",
-                         "fitness")}
 PLOT_TITLES = {"reward": "Reward / fitness over generations", "timing": "Time per generation",
                "lineage": "Family tree", "mutations": "Mutation effectiveness",
                "hyperparameters": "Mean fitness by rank and learning rate", "survival": "Hyperparameter survival"}
@@ -29,20 +28,13 @@ def _json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _num(value: Any) -> float | None:
-    """A number, or a metrics dict's fitness/reward (PBT summaries hold dicts)."""
-    if isinstance(value, dict):
-        value = value.get("fitness", value.get("reward"))
-    return float(value) if isinstance(value, (int, float)) else None
-
-
 def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def _configuration(config: dict[str, Any]) -> list[str]:
     strategy = config.get("strategy", {})
-    keys = STRATEGY_KEYS.get(strategy.get("name"), ())
+    keys = _report_keys(strategy.get("name"))
     params = ", ".join(f"{k}={strategy[k]}" for k in keys if k in strategy)
     return ["## Configuration", "",
             f"- model: `{config.get('model', {}).get('name')}` ({config.get('model', {}).get('path')})",
@@ -51,11 +43,16 @@ def _configuration(config: dict[str, Any]) -> list[str]:
             f"- generations: {config.get('generations')}, seed: {config.get('seed')}", ""]
 
 
+def _report_keys(name: str | None) -> tuple[str, ...]:
+    try:
+        return get_strategy(name).report_keys if name else ()
+    except ConfigError:  # a user's strategy that is not importable here: the report still renders
+        return ()
+
+
 def outcome(summary: dict[str, Any]) -> dict[str, Any]:
-    """base / final / best held-out numbers from eval/summary.json (ES, GA or PBT layout)."""
-    best = _num(summary.get("best_heldout_fitness")) if "best_heldout_fitness" in summary \
-        else _num(summary.get("best_heldout"))
-    return {"base": _num(summary.get("base_heldout")), "final": _num(summary.get("final_heldout")), "best": best,
+    """base / final / best held-out rewards from eval/summary.json."""
+    return {"base": headline(summary, "base"), "final": headline(summary, "final"), "best": headline(summary, "best"),
             "best_generation": summary.get("best_generation"), "best_member": summary.get("best_member")}
 
 
@@ -64,12 +61,12 @@ def _best_variant(run: Path, summary: dict[str, Any]) -> list[str]:
     lines = ["## Best variant", ""]
     if not summary:
         return lines + ["No eval/summary.json: the run did not finish.", ""]
-    lines.append(f"- best held-out {'fitness' if summary.get('strategy') == 'pbt' else 'reward'}: "
-                 f"{_fmt(numbers['best'])}")
+    lines.append(f"- best held-out reward: {_fmt(numbers['best'])}")
     if numbers["best_generation"] is not None:
         lines.append(f"- from generation {numbers['best_generation']}")
     if numbers["best_member"]:
-        lines.append(f"- best member: `{numbers['best_member']}` {summary.get('best_hyperparameters', '')}")
+        lines.append(f"- best member: `{numbers['best_member']}` "
+                     f"{summary['details'].get('best_hyperparameters', '')}")
     lines.append(f"- adapter: `adapters/best` (PEFT layout; `{run.resolve() / 'adapters' / 'best'}`)")
     return lines + [""]
 
@@ -147,7 +144,7 @@ def write_report(run_dir: str | Path, plots: list[Path] | None = None) -> Path:
     run = Path(run_dir)
     config_path = run / CONFIG_FILE
     config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-    summary, comparison = _json(run / "eval" / "summary.json"), _json(run / "eval" / "best_vs_base.json")
+    summary, comparison = read_summary(run) or {}, _json(run / "eval" / "best_vs_base.json")
     metrics, trials = read_metrics(run), read_trials(run)
     plots = write_plots(run) if plots is None else plots
     lines = [f"# Run report: {run.name}", ""]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +14,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from evora.config import schema
+from evora.config.store import register, register_strategy_option, writable_schema
 from evora.config.validate import validate
 from evora.errors import ConfigError
-from evora.tracking.run_dir import new_run_dir
+from evora.strategies import get_strategy, strategy_names
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "task", "strategy", "engine", "hardware", "tracking")
-STRATEGY_SCHEMAS: dict[str, type] = {"es": schema.ESConfig, "ga": schema.GAConfig, "pbt": schema.PBTConfig}
 MAX_PREFLIGHT_JOBS = 512
 # Hydra flags that take a value; their values are not overrides.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
@@ -28,21 +29,49 @@ _PASSIVE_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "
                   "-sc", "--resolve"}
 
 
+def new_run_dir(out_dir: str, name: str, now: datetime | None = None) -> str:
+    stamp = (now or datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
+    return str(Path(out_dir) / f"{stamp}_{name}")
+
+
 def _run_dir(out_dir: str, name: str, resume: Any) -> str:
     return str(resume) if resume not in (None, "", "None", "null") else new_run_dir(out_dir, name)
 
 
 def setup() -> None:
     """Register schemas and resolvers (idempotent); call before Hydra composes."""
-    from evora.config.store import register
-
     register()
     if not OmegaConf.has_resolver("evora_run_dir"):
         OmegaConf.register_new_resolver("evora_run_dir", _run_dir, use_cache=True)
 
 
 def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    """A group's options: its YAML files (and, for strategy, every registered strategy)."""
+    options = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
+    return sorted(options | set(strategy_names())) if group == "strategy" else sorted(options)
+
+
+def resolve_strategy_overrides(overrides: list[str]) -> list[str]:
+    """`strategy.name=<module>:<class>` or `strategy=<module>:<class>` (or an entry point's
+    name) becomes `strategy=<registered name>`, with that strategy's config as the option."""
+    resolved = []
+    for text in overrides:
+        key, _, value = text.partition("=")
+        named = key in ("strategy", "strategy.name") and (":" in value or (
+            key == "strategy" and value not in group_options("strategy") and "," not in value))
+        if not named:
+            resolved.append(text)
+            continue
+        try:
+            entry = get_strategy(value)
+        except ConfigError:
+            if ":" in value:
+                raise
+            resolved.append(text)  # not an entry point either: the group check names the options
+            continue
+        register_strategy_option(entry, value)
+        resolved.append(f"strategy={entry.name}")
+    return resolved
 
 
 def compose(overrides: list[str]) -> DictConfig:
@@ -60,10 +89,8 @@ def to_run_config(cfg: DictConfig) -> schema.RunConfig:
 
 def run_config_from_dict(data: dict[str, Any]) -> schema.RunConfig:
     """A RunConfig from a saved config.yaml (resume)."""
-    from evora.config.store import writable_schema
-
     base = writable_schema(schema.RunConfig)
-    base.strategy = writable_schema(STRATEGY_SCHEMAS[data["strategy"]["name"]])
+    base.strategy = writable_schema(get_strategy(data["strategy"]["name"]).config)
     return OmegaConf.to_object(OmegaConf.merge(base, data))  # type: ignore[return-value]
 
 
@@ -136,7 +163,7 @@ def _composition_error(error: Exception) -> ConfigError:
 
 def compose_run(overrides: list[str]) -> schema.RunConfig:
     """Compose and validate one job; every problem is a one-line ConfigError."""
-    overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    overrides = resolve_strategy_overrides([o for o in overrides if not o.lstrip("+~").startswith("hydra")])
     _check_group_choices(overrides)
     try:
         run = to_run_config(compose(overrides))

@@ -58,73 +58,6 @@ class TaskConfig:
 
 
 @dataclass(frozen=True)
-class ESConfig:
-    name: str = "es"
-    population: int = 30
-    sigma: float = 0.001
-    lr: float = 5e-4
-    antithetic: bool = True
-    shaping: str = "zscore"  # zscore | centered_rank | none
-    optimizer: str = "sgd"  # sgd | adam
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    noise_scale: str = "uniform"  # uniform | per_layer
-    init: str = "random"  # random | path
-    init_a_std: Optional[float] = None  # None: 1/sqrt(in_features)
-    init_b_std: float = 0.0
-    init_path: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class GAConfig:
-    name: str = "ga"
-    population: int = 16
-    keep_top: int = 2  # elites carried unchanged into the next generation
-    parents: int = 4  # best members of a generation that may parent the next one (>= keep_top)
-    selection: str = "tournament"  # truncation | tournament (among the parents)
-    tournament_size: int = 2
-    crossover_rate: float = 0.2
-    crossover: str = "module"  # module | layer | blend
-    mutation_rate: float = 1.0  # chance that a module (its A and B) is mutated
-    mutation_scale: float = 0.01
-    self_adaptive: bool = False  # each member carries its own mutation scale
-    adaptation_rate: float = 0.2  # log-normal step of a self-adaptive scale
-    encoding: str = "tensors"  # tensors | seeds (a chain of mutation seeds; needs crossover_rate=0)
-    noise_scale: str = "uniform"  # uniform | per_layer
-    init: str = "random"  # random | path
-    init_a_std: Optional[float] = None
-    init_b_std: float = 0.0
-    init_path: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class PBTConfig:
-    name: str = "pbt"
-    population: int = 6
-    steps_per_generation: int = 50  # optimizer steps a trial trains between two evaluations
-    batch_size: int = 4
-    gradient_accumulation: int = 2
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    warmup_ratio: float = 0.1
-    ranks: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])
-    alpha_multipliers: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
-    learning_rates: list[float] = field(default_factory=lambda: [1e-5, 2e-5, 5e-5, 1e-4, 2e-4])
-    lr_factors: list[float] = field(default_factory=lambda: [0.5, 0.8, 1.25, 2.0])
-    lr_min: float = 1e-6
-    lr_max: float = 1e-2
-    dropouts: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.15])
-    target_modules: list[list[str]] = field(default_factory=lambda: [["q_proj", "k_proj", "v_proj", "o_proj"]])
-    mutation_probability: float = 0.3  # chance that each hyperparameter changes on explore
-    resample_probability: float = 0.5  # a change is a fresh draw from the list; else a neighbour / factor
-    keep_top_fraction: float = 0.3333  # the top fraction is cloned into the bottom fraction (at most 0.5)
-    fitness: str = "accuracy - perplexity / 100"  # seed 000's fitness, from reward, accuracy, perplexity, tokens
-    eval_split: str = "selection"  # where trials are scored; held-out stays for the final report
-
-
-@dataclass(frozen=True)
 class EngineConfig:
     name: str = "vllm"
     max_loras: int = 8
@@ -178,7 +111,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
-    strategy: Any = None  # typed by the chosen strategy option's schema (ESConfig, GAConfig, PBTConfig)
+    strategy: Any = None  # typed by the chosen strategy's registered config (evora.strategies)
     engine: EngineConfig = field(default_factory=EngineConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -10,14 +10,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from evora.config import schema
+from evora.strategies import entries
+from evora.strategies.registry import StrategyEntry
 
-# (group, stored name) -> schema dataclass
+# (group, stored name) -> schema dataclass; each strategy's comes from the registry.
 SCHEMAS: dict[tuple[str, str], type] = {
     ("model", "schema"): schema.ModelConfig,
     ("task", "schema"): schema.TaskConfig,
-    ("strategy", "es_schema"): schema.ESConfig,
-    ("strategy", "ga_schema"): schema.GAConfig,
-    ("strategy", "pbt_schema"): schema.PBTConfig,
     ("engine", "schema"): schema.EngineConfig,
     ("hardware", "schema"): schema.HardwareConfig,
     ("tracking", "schema"): schema.TrackingConfig,
@@ -45,3 +44,14 @@ def register() -> None:
     store.store(name="run_schema", node=writable_schema(schema.RunConfig))
     for (group, name), cls in SCHEMAS.items():
         store.store(group=group, name=name, node=writable_schema(cls))
+    for entry in entries():
+        store.store(group="strategy", name=f"{entry.name}_schema", node=writable_schema(entry.config))
+
+
+def register_strategy_option(entry: StrategyEntry, name: str) -> None:
+    """`strategy=<entry.name>` for a strategy with no YAML of its own (a user's, named by
+    import path or entry point): its config's defaults, with `name` set to how it was
+    named, so a saved config.yaml finds it again on resume."""
+    node = writable_schema(entry.config)
+    node.name = name
+    ConfigStore.instance().store(group="strategy", name=entry.name, node=node)

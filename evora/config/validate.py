@@ -7,30 +7,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from evora.config.schema import VLLM_LORA_RANKS, ESConfig, GAConfig, PBTConfig, RunConfig
-from evora.errors import ConfigError
+from evora.config.schema import VLLM_LORA_RANKS, RunConfig
 from evora.models import ModelLocation, locate_model
+from evora.strategies import get_strategy
+from evora.strategies.checks import choice, fail, require
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINES = ("vllm", "hf")
 TRACKERS = ("local", "wandb")
 WANDB_MODES = ("online", "offline", "disabled")
-
-
-def fail(key: str, value: Any, rule: str) -> ConfigError:
-    shown = json.dumps(value) if isinstance(value, str) else value
-    return ConfigError(f"{key}={shown}: {rule}")
-
-
-def require(ok: bool, key: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise fail(key, value, rule)
-
-
-def choice(key: str, value: Any, allowed: tuple) -> None:
-    require(value in allowed, key, value, "allowed: " + ", ".join(map(str, allowed)))
 
 
 def validate(run: RunConfig) -> None:
@@ -131,115 +118,12 @@ def check_split_sizes(task: Any, splits: Any) -> None:
             task.prompts_per_generation, f"the data gives only {sizes} examples")
 
 
-def _check_es(es: ESConfig) -> None:
-    require(es.population >= 2, "strategy.population", es.population, "must be an integer >= 2")
-    if es.antithetic:
-        require(es.population % 2 == 0, "strategy.population", es.population,
-                "must be even when strategy.antithetic=true (allowed: 2, 4, 6, ...)")
-    require(es.sigma > 0, "strategy.sigma", es.sigma, "must be > 0")
-    require(es.lr > 0, "strategy.lr", es.lr, "must be > 0")
-    require(es.weight_decay >= 0, "strategy.weight_decay", es.weight_decay, "must be >= 0")
-    choice("strategy.shaping", es.shaping, ("zscore", "centered_rank", "none"))
-    choice("strategy.optimizer", es.optimizer, ("sgd", "adam"))
-    require(0 <= es.beta1 < 1, "strategy.beta1", es.beta1, "must be in [0, 1)")
-    require(0 <= es.beta2 < 1, "strategy.beta2", es.beta2, "must be in [0, 1)")
-    require(es.eps > 0, "strategy.eps", es.eps, "must be > 0")
-    _check_init(es)
-
-
-def _check_init(cfg: Any) -> None:
-    choice("strategy.noise_scale", cfg.noise_scale, ("uniform", "per_layer"))
-    choice("strategy.init", cfg.init, ("random", "path"))
-    if cfg.init_a_std is not None:
-        require(cfg.init_a_std >= 0, "strategy.init_a_std", cfg.init_a_std, "must be >= 0, or null")
-    require(cfg.init_b_std >= 0, "strategy.init_b_std", cfg.init_b_std, "must be >= 0")
-    if cfg.init == "path":
-        path = cfg.init_path
-        require(path is not None and (Path(path) / "adapter_config.json").is_file(),
-                "strategy.init_path", path, "must be a PEFT adapter directory when strategy.init=path")
-
-
-def _check_ga(ga: GAConfig) -> None:
-    require(ga.population >= 2, "strategy.population", ga.population, "must be an integer >= 2")
-    require(1 <= ga.keep_top < ga.population, "strategy.keep_top", ga.keep_top,
-            f"must be in 1..strategy.population - 1 ({ga.population - 1}): elites leave room for offspring")
-    require(ga.keep_top <= ga.parents <= ga.population, "strategy.parents", ga.parents,
-            f"must be in strategy.keep_top..strategy.population ({ga.keep_top}..{ga.population})")
-    choice("strategy.selection", ga.selection, ("truncation", "tournament"))
-    require(1 <= ga.tournament_size <= ga.parents, "strategy.tournament_size", ga.tournament_size,
-            f"must be in 1..strategy.parents ({ga.parents})")
-    for key in ("crossover_rate", "mutation_rate"):
-        value = getattr(ga, key)
-        require(0 <= value <= 1, f"strategy.{key}", value, "must be in [0, 1]")
-    if ga.crossover_rate > 0:
-        require(ga.parents >= 2, "strategy.crossover_rate", ga.crossover_rate,
-                "crossover needs two parents: set strategy.parents >= 2 or strategy.crossover_rate=0")
-    choice("strategy.crossover", ga.crossover, ("module", "layer", "blend"))
-    require(ga.mutation_scale > 0, "strategy.mutation_scale", ga.mutation_scale, "must be > 0")
-    require(ga.adaptation_rate >= 0, "strategy.adaptation_rate", ga.adaptation_rate, "must be >= 0")
-    choice("strategy.encoding", ga.encoding, ("tensors", "seeds"))
-    if ga.encoding == "seeds":
-        require(ga.crossover_rate == 0, "strategy.encoding", ga.encoding,
-                "seeds (a chain of mutation seeds) needs strategy.crossover_rate=0")
-    _check_init(ga)
-
-
-def _nonempty(key: str, values: list) -> None:
-    require(len(values) > 0, f"strategy.{key}", list(values), "must list at least one value")
-
-
-def _check_pbt(pbt: PBTConfig) -> None:
-    require(pbt.population >= 2, "strategy.population", pbt.population, "must be an integer >= 2")
-    for key in ("steps_per_generation", "batch_size", "gradient_accumulation"):
-        require(getattr(pbt, key) >= 1, f"strategy.{key}", getattr(pbt, key), "must be an integer >= 1")
-    for key in ("ranks", "alpha_multipliers", "learning_rates", "lr_factors", "dropouts", "target_modules"):
-        _nonempty(key, getattr(pbt, key))
-    for rank in pbt.ranks:
-        require(rank in VLLM_LORA_RANKS, "strategy.ranks", list(pbt.ranks),
-                f"rank {rank} is not one vLLM serves; allowed: {', '.join(map(str, VLLM_LORA_RANKS))}")
-    for rate in pbt.learning_rates:
-        require(rate > 0, "strategy.learning_rates", list(pbt.learning_rates), "every learning rate must be > 0")
-    require(0 < pbt.lr_min < pbt.lr_max, "strategy.lr_min", pbt.lr_min, f"must be in (0, strategy.lr_max={pbt.lr_max})")
-    for factor in pbt.lr_factors:
-        require(factor > 0, "strategy.lr_factors", list(pbt.lr_factors), "every factor must be > 0")
-    for value in pbt.alpha_multipliers:
-        require(value > 0, "strategy.alpha_multipliers", list(pbt.alpha_multipliers), "every multiplier must be > 0")
-    for value in pbt.dropouts:
-        require(0 <= value < 1, "strategy.dropouts", list(pbt.dropouts), "every dropout must be in [0, 1)")
-    for modules in pbt.target_modules:
-        require(len(modules) > 0, "strategy.target_modules", [list(m) for m in pbt.target_modules],
-                "every option must name at least one module")
-    for key in ("mutation_probability", "resample_probability"):
-        require(0 <= getattr(pbt, key) <= 1, f"strategy.{key}", getattr(pbt, key), "must be in [0, 1]")
-    require(0 < pbt.keep_top_fraction <= 0.5, "strategy.keep_top_fraction", pbt.keep_top_fraction,
-            "must be in (0, 0.5]: the top fraction is cloned into the bottom fraction")
-    require(pbt.weight_decay >= 0, "strategy.weight_decay", pbt.weight_decay, "must be >= 0")
-    require(pbt.max_grad_norm > 0, "strategy.max_grad_norm", pbt.max_grad_norm, "must be > 0")
-    require(0 <= pbt.warmup_ratio < 1, "strategy.warmup_ratio", pbt.warmup_ratio, "must be in [0, 1)")
-    choice("strategy.eval_split", pbt.eval_split, ("selection", "heldout"))
-    from evora.tasks.fitness import parse_fitness
-
-    try:
-        parse_fitness(pbt.fitness)
-    except ConfigError as error:
-        raise ConfigError(str(error).replace("task.fitness", "strategy.fitness")) from None
-
-
-STRATEGY_CHECKS: dict[type, Callable[[Any], None]] = {ESConfig: _check_es, GAConfig: _check_ga,
-                                                      PBTConfig: _check_pbt}
-
-
 def _check_strategy(run: RunConfig) -> None:
-    check = STRATEGY_CHECKS.get(type(run.strategy))
-    require(check is not None, "strategy", type(run.strategy).__name__,
-            "unknown strategy schema; allowed: " + ", ".join(c.__name__ for c in STRATEGY_CHECKS))
-    check(run.strategy)
-    if isinstance(run.strategy, PBTConfig):
-        if run.strategy.eval_split == "selection":
-            require(run.task.selection_size > 0, "strategy.eval_split", "selection",
-                    "needs task.selection_size > 0, or strategy.eval_split=heldout")
-        require(run.hardware.trial_cpus > 0 or run.hardware.trial_gpus > 0, "hardware.trial_cpus",
-                run.hardware.trial_cpus, "a training trial needs CPUs or GPUs")
+    entry = get_strategy(run.strategy.name)
+    require(isinstance(run.strategy, entry.config), "strategy", run.strategy.name,
+            f"its config is a {type(run.strategy).__name__}, the strategy needs a {entry.config.__name__}")
+    if entry.validate is not None:
+        entry.validate(run.strategy, run)
 
 
 def _check_engine(run: RunConfig) -> None:

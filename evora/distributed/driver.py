@@ -1,15 +1,14 @@
-"""The driver: runs the ask/evaluate/tell loop and is the only writer of run state.
+"""The run loop every ask/tell strategy shares: setup -> generations -> finish.
 
-It runs as a Ray actor pinned to the node evora was started on (the run folder lives
-there). Per generation it sends O(population) numbers (specs) and one payload through
-the object store, and receives O(population x prompts) numbers. `run` is a generator:
-the CLI streams one summary per generation from it.
+The driver runs as a Ray actor pinned to the node evora was started on (the run folder
+lives there) and is the only writer of run state. Per generation it sends O(population)
+numbers (specs) and one payload through the object store, and receives the candidate x
+prompt matrices. It knows strategies only through the registry and the protocol
+(`evora.strategies.protocol`). `run` is a generator: the CLI streams its events.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -19,26 +18,28 @@ from typing import Any, Iterator
 import numpy as np
 import ray
 
-from evora.analysis.comparison import build_report, write_reports
+from evora.analysis.live import RewardPlotSink
+from evora.analysis.plots import write_plots
 from evora.config.schema import RunConfig
 from evora.config.validate import check_split_sizes
-from evora.distributed.evaluate import candidate_metrics, chunks, evaluate_split
+from evora.distributed.evaluate import candidate_matrices, chunks, evaluate_split, spend_of
+from evora.distributed.finish import Outcome, final_event, report_against_base, write_run_summary
 from evora.distributed.pool import WorkerPool
-from evora.distributed.worker import UnitResult, WorkerSpec, WorkUnit
+from evora.distributed.worker import UnitResult, WorkUnit, worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
-from evora.lora.base_weights import per_layer_scales
-from evora.lora.init import adapter_from_path, random_adapter
-from evora.lora.layout import AdapterLayout, build_layout, linear_shapes_of_model
+from evora.lora.layout import build_layout, linear_shapes_of_model
 from evora.lora.noise import noise_key
 from evora.lora.peft_io import save_adapter
 from evora.models import locate_model
-from evora.strategies import build_strategy
-from evora.strategies.base import BASE, CENTER, Strategy
+from evora.models.parameters import count_parameters
+from evora.strategies import get_strategy
+from evora.strategies.protocol import BASE, CENTER, GenerationResults, StrategyContext, state_fields
 from evora.tasks import build_task
 from evora.tasks.fitness import parse_fitness
 from evora.tracking import checkpoint
-from evora.tracking.metrics import JsonlSink, MetricsSink, RewardPlotSink, WandbSink
-from evora.tracking.run_dir import LINEAGE_FILE, config_dict, write_config
+from evora.tracking.compute import ComputeLedger, Spend
+from evora.tracking.metrics import JsonlSink, MetricsSink, WandbSink
+from evora.tracking.run_dir import LINEAGE_FILE, config_dict, run_tag, write_config
 
 
 @dataclass
@@ -47,11 +48,6 @@ class Best:
     generation: int
     adapter: dict
     heldout: dict  # its held-out metrics
-
-
-def run_tag(run_dir: str | Path) -> str:
-    """A short tag naming the run's tmpfs scratch folders."""
-    return hashlib.blake2b(str(Path(run_dir).resolve()).encode(), digest_size=4).hexdigest()
 
 
 def spread(prefix: str, values: np.ndarray) -> dict[str, float]:
@@ -81,6 +77,7 @@ class Driver:
         self.run_dir = Path(run_dir)
         self.run_tag = run_tag(run_dir)
         self.fitness = parse_fitness(run.task.fitness)
+        self.entry = get_strategy(run.strategy.name)
 
     # --- setup ----------------------------------------------------------------------
 
@@ -92,38 +89,35 @@ class Driver:
                                    trust_remote_code=run.model.trust_remote_code),
             rank=run.lora.rank, alpha=run.lora.alpha, target_modules=run.lora.target_modules,
             layers=run.lora.layers, base_model=self.location.path)
-        scales = (per_layer_scales(self.layout, self.location.path, run.model.revision)
-                  if run.strategy.noise_scale == "per_layer" else {})
-        self.strategy: Strategy = build_strategy(run.strategy, run.seed, scales)
+        self.strategy = self.entry.build(run.strategy, run.seed)
         self.splits = build_task(run.task, run.seed).splits()
         check_split_sizes(run.task, self.splits)  # hub data is only seen here
         self._restore_or_init()
         self.sinks = self._open_sinks()
         completed = self.next_generation if self.resumed else -1
-        self.lineage = JsonlSink(self.run_dir, completed, LINEAGE_FILE) if hasattr(self.strategy, "lineage") else None
+        self.lineage = JsonlSink(self.run_dir, completed, LINEAGE_FILE, lazy=True)
         # Named per driver process: a restarted driver's workers must not clash with the old ones' names.
-        self.pool = WorkerPool.start(WorkerSpec(run, self.location.path, self.layout, scales, self.run_tag),
+        self.pool = WorkerPool.start(worker_spec(run, self.location.path, self.layout, self.run_tag), run.hardware,
                                      name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}")
 
     def _restore_or_init(self) -> None:
         path = checkpoint.latest_path(self.run_dir)
         self.resumed = path.exists()
         if self.resumed:
-            saved = checkpoint.load(path)
-            self.state = saved["strategy_state"]
-            self.next_generation = saved["next_generation"]
-            self.base, self.last = saved["base"], saved["last"]
-            self.best = Best(**saved["best"]) if saved["best"] else None
+            saved = checkpoint.load_run_state(path, self.run_cfg.strategy.name, self.strategy.state_type)
+            self.state = self.strategy.state_type(**saved["state"])
+            loop = saved["loop"]
+            self.next_generation, self.base, self.last = loop["next_generation"], loop["base"], loop["last"]
+            self.best = Best(**loop["best"]) if loop["best"] else None
+            self.ledger = ComputeLedger.from_state(loop["compute"])
             return
-        self.state = self.strategy.initial_state(self._initial_adapter(self.layout))
+        run = self.run_cfg
+        context = StrategyContext(run.seed, self.layout, self.location.path, run.model.revision)
+        self.state = self.strategy.initial_state(context)
         self.next_generation, self.base, self.last, self.best = 0, None, None, None
-        write_config(self.run_dir, self.run_cfg)
-
-    def _initial_adapter(self, layout: AdapterLayout) -> dict:
-        es = self.run_cfg.strategy
-        if es.init == "path":
-            return adapter_from_path(layout, es.init_path)
-        return random_adapter(layout, self.run_cfg.seed, es.init_a_std, es.init_b_std)
+        self.ledger = ComputeLedger(count_parameters(self.location.path, run.model.revision,
+                                                     run.model.trust_remote_code))
+        write_config(self.run_dir, run)
 
     def _open_sinks(self) -> list[MetricsSink]:
         run = self.run_cfg
@@ -134,7 +128,8 @@ class Driver:
             sinks.append(WandbSink(self.run_dir, project=tracking.wandb_project, entity=tracking.wandb_entity,
                                    group=tracking.wandb_group or run.name,
                                    name=tracking.wandb_name or self.run_dir.name,
-                                   mode=tracking.wandb_mode, config=config_dict(run)))
+                                   mode=tracking.wandb_mode, config=config_dict(run),
+                                   figures=lambda: write_plots(self.run_dir)))
         return sinks
 
     # --- the loop -------------------------------------------------------------------
@@ -144,10 +139,12 @@ class Driver:
         self._setup()
         try:
             if self.base is None:
+                self.ledger.add_seconds("setup", time.perf_counter() - start)
                 self._initial_evaluation()
-            yield {"kind": "start", "generations": self.run_cfg.generations, "start": self.next_generation,
-                   "workers": len(self.pool), "base_heldout": self.base["reward"], "resumed": self.resumed,
-                   "adapter_parameters": self.layout.num_parameters(), "setup_seconds": time.perf_counter() - start}
+            yield {"kind": "start", "strategy": self.entry.name, "generations": self.run_cfg.generations,
+                   "start": self.next_generation, "workers": len(self.pool), "base_heldout": self.base["reward"],
+                   "resumed": self.resumed, "adapter_parameters": self.layout.num_parameters(),
+                   "setup_seconds": time.perf_counter() - start}
             for generation in range(self.next_generation, self.run_cfg.generations):
                 yield self._generation(generation)
             yield self._finish()
@@ -155,10 +152,12 @@ class Driver:
             self._close()
 
     def _initial_evaluation(self) -> None:
-        outcomes = self._evaluate("heldout", [BASE, CENTER], generation=0)
+        started, spend = time.perf_counter(), Spend()
+        outcomes = self._evaluate("heldout", [BASE, CENTER], generation=0, spend=spend)
         self.base = outcomes[BASE]
         record = {"generation": 0, **{f"base_heldout_{k}": v for k, v in self.base.items()},
-                  **self._center_scores(0, outcomes[CENTER]), "time": time.time()}
+                  **self._center_scores(0, outcomes[CENTER], spend)}
+        self._account(record, Spend(), spend, 0.0, time.perf_counter() - started)
         self._log(record)
 
     def _generation(self, generation: int) -> dict[str, Any]:
@@ -169,59 +168,87 @@ class Driver:
                  for c in chunks(specs, self.run_cfg.engine.max_loras)]
         results = self.pool.run(ray.put(payload), units)
         evaluated = time.perf_counter()
-        metrics = candidate_metrics(results, len(specs))
-        fitness, invalid = finite_fitness(
-            np.array([self.fitness({k: v[i] for k, v in metrics.items()}) for i in range(len(specs))]))
-        previous = self.state
-        self.state, update_stats = self.strategy.tell(self.state, specs, fitness)
-        if self.lineage is not None:
-            for member in self.strategy.lineage(previous, specs, fitness, self.state):
-                self.lineage.log(member)
+        generation_results, invalid = self._results(generation, prompts, results, len(specs))
+        told = self.strategy.tell(self.state, specs, generation_results)
+        self.state = told.state
+        for member in told.lineage:
+            self.lineage.log(member)
         updated = time.perf_counter()
         done = generation + 1
-        record: dict[str, Any] = {"generation": done, **spread("reward", metrics["reward"]),
-                                  "accuracy_mean": float(metrics["accuracy"].mean()), "fitness_invalid": invalid,
-                                  **update_stats}
+        record: dict[str, Any] = {"generation": done, **spread("reward", generation_results.rewards.mean(axis=1)),
+                                  "accuracy_mean": float(generation_results.correct.mean()),
+                                  "fitness_invalid": invalid, **told.stats}
         if self.fitness.text != "reward":
-            record.update(spread("fitness", fitness))
+            record.update(spread("fitness", generation_results.fitness))
+        eval_spend = Spend()
         if self._eval_due(done):
-            record.update(self._center_scores(done, self._evaluate("heldout", [CENTER], done)[CENTER]))
+            heldout = self._evaluate("heldout", [CENTER], done, spend=eval_spend)[CENTER]
+            record.update(self._center_scores(done, heldout, eval_spend))
         finished = time.perf_counter()
-        tokens = int(sum(r.tokens.sum() for r in results))
-        record.update(tokens=tokens, tokens_per_second=tokens / max(evaluated - started, 1e-9),
+        record.update(tokens=int(generation_results.tokens.sum()),
+                      tokens_per_second=generation_results.tokens.sum() / max(evaluated - started, 1e-9),
                       reward_errors=sum(r.reward_errors for r in results), seconds=finished - started,
                       seconds_evaluate=evaluated - started, seconds_update=updated - evaluated,
                       seconds_heldout=finished - updated, **timing_sums(results),
-                      worker_rss_mb=self._worker_rss(results), time=time.time())
+                      worker_rss_mb={str(r.worker): r.rss_mb for r in results})
+        self._account(record, spend_of(results), eval_spend, updated - started, finished - updated)
         self._log(record)
         self._checkpoint(done)
         return {"kind": "generation", **record, "generations": self.run_cfg.generations}
 
+    def _results(self, generation: int, prompts: tuple[int, ...], results: list[UnitResult],
+                 population: int) -> tuple[GenerationResults, int]:
+        m = candidate_matrices(results, population)
+        means = {"reward": m["rewards"].mean(axis=1), "accuracy": m["correct"].mean(axis=1),
+                 "tokens": m["tokens"].mean(axis=1)}
+        if m["perplexity"] is not None:
+            means["perplexity"] = m["perplexity"].mean(axis=1)
+        fitness, invalid = finite_fitness(np.array([self.fitness({k: v[i] for k, v in means.items()})
+                                                    for i in range(population)], dtype=np.float64))
+        return GenerationResults(generation, prompts, m["rewards"], m["correct"], m["tokens"], m["perplexity"],
+                                 fitness), invalid
+
+    def _account(self, record: dict[str, Any], search: Spend, evaluation: Spend, search_s: float,
+                 evaluation_s: float) -> None:
+        """Compute of this record into the ledger, and into the record (per generation and cumulative)."""
+        ledger = self.ledger
+        ledger.search.add(search)
+        ledger.evaluation.add(evaluation)
+        ledger.add_seconds("search", search_s)
+        ledger.add_seconds("evaluation", evaluation_s)
+        flops = search.flops(ledger.parameters)
+        record.update(tokens_prompt=search.tokens_prompt, tokens_generated=search.tokens_generated,
+                      tokens_scored=search.tokens_scored, tokens_trained=search.tokens_trained,
+                      flops=flops["flops"], eval_flops=evaluation.flops(ledger.parameters)["flops"],
+                      cumulative_flops=ledger.search_flops(), wall_clock_s=sum(ledger.seconds.values()),
+                      time=time.time())
+
+    # --- finish ---------------------------------------------------------------------
+
     def _finish(self) -> dict[str, Any]:
-        done = self.run_cfg.generations
-        adapters = self.run_dir / "adapters"
+        started = time.perf_counter()
+        done, center_name = self.run_cfg.generations, self.entry.center or "final"
         center = self.strategy.center(self.state)
-        save_adapter(adapters / self.strategy.center_name, center, self.layout)
+        adapters = self.run_dir / "adapters"
+        save_adapter(adapters / center_name, center, self.layout)
         best = self.best or Best(float("nan"), done, center, self.last)
         save_adapter(adapters / "best", best.adapter, self.layout)
-        counts = self._compare_best(best)
-        summary = {"base_heldout": self.base["reward"], "final_heldout": self.last["reward"],
-                   "best_heldout": best.heldout["reward"], "best_generation": best.generation, "generations": done,
-                   "base_heldout_metrics": self.base, "final_heldout_metrics": self.last,
-                   "best_heldout_metrics": best.heldout,
-                   "best_chosen_on": "selection" if self.splits.selection else "heldout", "best_vs_base": counts,
-                   "center": self.strategy.center_name}
-        (self.run_dir / "eval" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        return {"kind": "final", **summary, "run_dir": str(self.run_dir)}
-
-    def _compare_best(self, best: Best) -> dict[str, int]:
-        """The base-vs-adapter report of adapters/best on the held-out split; its counts."""
-        outcomes = self._evaluate("heldout", [BASE, CENTER], best.generation, theta=best.adapter, keep_texts=True,
-                                  perplexity=True)
-        report = build_report(self.splits.heldout, outcomes[CENTER], outcomes[BASE], task=self.run_cfg.task.name,
-                              split="heldout", adapter_name="adapters/best")
-        write_reports(report, self.run_dir / "eval", stem="best_vs_base")
-        return report["counts"]
+        spend = Spend()
+        report = report_against_base(
+            lambda theta, layout, ops: self._evaluate("heldout", ops, best.generation, theta=theta, keep_texts=True,
+                                                      perplexity=True, spend=spend),
+            best.adapter, None, self.splits.heldout, task=self.run_cfg.task.name, split="heldout",
+            adapter_name="adapters/best", out_dir=self.run_dir / "eval", stem="best_vs_base")
+        self.ledger.evaluation.add(spend)
+        self.ledger.add_seconds("evaluation", time.perf_counter() - started)
+        outcome = Outcome(self.base, self.last, best.heldout, best.generation, None,
+                          "selection" if self.splits.selection else "heldout")
+        summary = write_run_summary(
+            self.run_dir, strategy=self.run_cfg.strategy.name, generations=done, center=self.entry.center,
+            outcome=outcome, counts=report["counts"],
+            adapters={"best": "adapters/best", center_name: f"adapters/{center_name}"},
+            compute=self.ledger.summary(sum(self.ledger.seconds.values())))
+        return final_event(summary, self.run_dir)
 
     def _close(self) -> None:
         pool = getattr(self, "pool", None)
@@ -244,11 +271,11 @@ class Driver:
         return tuple(int(i) for i in picked)
 
     def _evaluate(self, split: str, ops: list[str], generation: int, theta: dict | None = None,
-                  keep_texts: bool = False, perplexity: bool = False) -> dict[str, Any]:
+                  keep_texts: bool = False, perplexity: bool = False, spend: Spend | None = None) -> dict[str, Any]:
         """Metrics (or, with keep_texts, whole outcomes) of BASE/CENTER on a split."""
         outcomes = evaluate_split(self.pool, theta if theta is not None else self.strategy.center(self.state), ops,
                                   split, len(self.splits.get(split)), generation=generation, keep_texts=keep_texts,
-                                  perplexity=perplexity or self.fitness.needs_perplexity)
+                                  perplexity=perplexity or self.fitness.needs_perplexity, spend=spend)
         if keep_texts:
             return outcomes
         return {op: self._with_fitness(o.metrics()) for op, o in outcomes.items()}
@@ -256,30 +283,27 @@ class Driver:
     def _with_fitness(self, metrics: dict[str, float]) -> dict[str, float]:
         return {**metrics, "fitness": self.fitness(metrics)}
 
-    def _center_scores(self, done: int, heldout: dict[str, float]) -> dict[str, float]:
+    def _center_scores(self, done: int, heldout: dict[str, float], spend: Spend) -> dict[str, float]:
         """Record the center's held-out metrics, and keep it as the best if it is."""
         self.last = heldout
         scores = {f"heldout_{k}": v for k, v in heldout.items()}
         score = heldout["fitness"]
         if self.splits.selection:
-            score = self._evaluate("selection", [CENTER], done)[CENTER]["fitness"]
+            score = self._evaluate("selection", [CENTER], done, spend=spend)[CENTER]["fitness"]
             scores["selection_fitness"] = score
         if self.best is None or score > self.best.score:
             center = self.strategy.center(self.state)
             self.best = Best(score, done, {k: v.clone() for k, v in center.items()}, heldout)
         return scores
 
-    @staticmethod
-    def _worker_rss(results: list[UnitResult]) -> dict[str, float]:
-        return {str(r.worker): r.rss_mb for r in results}
-
     def _log(self, record: dict[str, Any]) -> None:
         for sink in self.sinks:
             sink.log(record)
 
     def _checkpoint(self, done: int) -> None:
-        saved = {"version": 2, "next_generation": done, "strategy_state": self.state, "base": self.base,
-                 "last": self.last, "best": None if self.best is None else asdict(self.best)}
+        loop = {"next_generation": done, "base": self.base, "last": self.last,
+                "best": None if self.best is None else asdict(self.best), "compute": self.ledger.state()}
+        saved = checkpoint.run_state(self.run_cfg.strategy.name, self.state, state_fields(self.state), loop)
         checkpoint.atomic_save(saved, checkpoint.latest_path(self.run_dir))
         keep = self.run_cfg.tracking.checkpoint_keep_every
         if keep and done % keep == 0:

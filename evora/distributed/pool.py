@@ -14,6 +14,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostError, RayActorError
 
+from evora.config.schema import HardwareConfig
 from evora.distributed.placement import Placement, place_workers, worker_count
 from evora.distributed.worker import EngineWorker, UnitResult, WorkerSpec, WorkUnit
 
@@ -29,9 +30,9 @@ class WorkerPool:
         self.placement = placement
 
     @classmethod
-    def start(cls, spec: WorkerSpec, name_prefix: str | None = None) -> "WorkerPool":
+    def start(cls, spec: WorkerSpec, hardware: HardwareConfig, name_prefix: str | None = None) -> "WorkerPool":
         """Named workers (`name_prefix`-i) can be found with `ray list actors`, and by tests."""
-        placement = place_workers(spec.run.hardware, worker_count(spec.run.hardware), name_prefix)
+        placement = place_workers(hardware, worker_count(hardware), name_prefix)
         remote_worker = ray.remote(EngineWorker)
         actors = [remote_worker.options(**options).remote(spec, i) for i, options in enumerate(placement.options)]
         infos = ray.get([a.info.remote() for a in actors])

@@ -20,12 +20,12 @@ import numpy as np
 import psutil
 import torch
 
-from evora.config.schema import RunConfig
+from evora.config.schema import RunConfig, TaskConfig
 from evora.engines import EngineSpec, create_engine
 from evora.engines.adapter_store import AdapterScratch
 from evora.lora.layout import AdapterLayout
-from evora.strategies import build_strategy
-from evora.strategies.base import CandidateSpec, materialise
+from evora.strategies import get_strategy
+from evora.strategies.protocol import materialise
 from evora.tasks import build_task
 from evora.tasks.base import score_completions
 from evora.tasks.fitness import perplexity
@@ -36,16 +36,23 @@ ADAPTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    run: RunConfig
-    model_path: str  # resolved local directory or hub id
+    """What a worker needs, and no more: its engine, the task, and the strategy config
+    that rebuilds candidates (None for evaluation-only pools)."""
+
+    engine_name: str
+    engine: EngineSpec
+    task: TaskConfig
+    seed: int  # the run seed: data splits and candidate noise derive from it
     layout: AdapterLayout
-    noise_scales: dict[str, float]
+    adapter_dtype: str  # candidates are materialised in the engine's dtype
+    adapter_dir: str
     run_tag: str  # names this run's tmpfs scratch folders
+    strategy: Any = None
 
 
 @dataclass(frozen=True)
 class WorkUnit:
-    specs: tuple[CandidateSpec, ...]
+    specs: tuple[Any, ...]
     split: str  # train | selection | heldout
     prompt_indices: tuple[int, ...]
     keep_texts: bool = False
@@ -64,16 +71,18 @@ class UnitResult:
     timings: dict[str, float]
     worker: int
     rss_mb: float
+    tokens_prompt: int = 0  # prompt tokens prefilled for generation
+    tokens_scored: int = 0  # prompt + reference tokens run through for perplexity
     perplexity: np.ndarray | None = None
     texts: list[list[str]] | None = None
 
 
-def engine_spec(run: RunConfig, model_path: str, worker_slots: int) -> EngineSpec:
+def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = None) -> EngineSpec:
     hw, engine = run.hardware, run.engine
     return EngineSpec(
         model=model_path, tokenizer=run.model.tokenizer, revision=run.model.revision, dtype=run.model.dtype,
-        max_model_len=run.model.max_model_len, max_lora_rank=run.lora.rank, max_loras=engine.max_loras,
-        max_cpu_loras=max(engine.max_loras, worker_slots), max_num_seqs=engine.max_num_seqs,
+        max_model_len=run.model.max_model_len, max_lora_rank=max_lora_rank or run.lora.rank,
+        max_loras=engine.max_loras, max_cpu_loras=engine.max_loras, max_num_seqs=engine.max_num_seqs,
         enforce_eager=engine.enforce_eager, tensor_parallel_size=hw.tensor_parallel_size,
         gpu_memory_utilization=hw.gpu_memory_utilization, kv_cache_gib=hw.kv_cache_gib,
         cpu_threads=hw.cpu_threads_per_worker, seed=run.seed, trust_remote_code=run.model.trust_remote_code,
@@ -82,21 +91,27 @@ def engine_spec(run: RunConfig, model_path: str, worker_slots: int) -> EngineSpe
     )
 
 
-def adapter_dtype(run: RunConfig, model_path: str) -> torch.dtype:
-    """Candidates are materialised in the engine's dtype (DESIGN §2, decision 3)."""
-    name = run.model.dtype
-    if name == "auto":
+def adapter_dtype(model_dtype: str, model_path: str) -> str:
+    """The engine's dtype: candidates are materialised in it (fp32 master weights stay on the driver)."""
+    if model_dtype == "auto":
         config_file = Path(model_path) / "config.json"
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-        name = config.get("dtype") or config.get("torch_dtype") or "float32"
-    return ADAPTER_DTYPES.get(name, torch.float32)
+        model_dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return model_dtype if model_dtype in ADAPTER_DTYPES else "float32"
 
 
-def load_tokenizer(run: RunConfig, model_path: str) -> Any:
+def worker_spec(run: RunConfig, model_path: str, layout: AdapterLayout, run_tag: str, *,
+                with_strategy: bool = True, max_lora_rank: int | None = None) -> WorkerSpec:
+    return WorkerSpec(run.engine.name, engine_spec(run, model_path, max_lora_rank), run.task, run.seed, layout,
+                      adapter_dtype(run.model.dtype, model_path), run.engine.adapter_dir, run_tag,
+                      run.strategy if with_strategy else None)
+
+
+def load_tokenizer(spec: EngineSpec) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(run.model.tokenizer or model_path, revision=run.model.revision,
-                                         trust_remote_code=run.model.trust_remote_code)
+    return AutoTokenizer.from_pretrained(spec.tokenizer or spec.model, revision=spec.revision,
+                                         trust_remote_code=spec.trust_remote_code)
 
 
 def process_tree_rss_mb() -> float:
@@ -106,21 +121,21 @@ def process_tree_rss_mb() -> float:
 
 class EngineWorker:
     def __init__(self, spec: WorkerSpec, index: int):
-        run = spec.run
         self.index = index
         self.layout = spec.layout
-        self.max_tokens = run.task.max_tokens
-        self.penalty = run.task.reward_penalty
-        torch.set_num_threads(run.hardware.cpu_threads_per_worker)
-        self.task = build_task(run.task, run.seed)
+        self.max_tokens = spec.task.max_tokens
+        self.penalty = spec.task.reward_penalty
+        torch.set_num_threads(spec.engine.cpu_threads)
+        self.task = build_task(spec.task, spec.seed)
         self.splits = self.task.splits()
-        self.renderer = PromptRenderer(load_tokenizer(run, spec.model_path), run.task.prompt_format,
-                                       self.task.plain_template, run.task.system_prompt)
+        self.renderer = PromptRenderer(load_tokenizer(spec.engine), spec.task.prompt_format,
+                                       self.task.plain_template, spec.task.system_prompt)
         self._prompt_ids: dict[tuple[str, int], list[int]] = {}
-        self.strategy = build_strategy(run.strategy, run.seed, spec.noise_scales)
-        self.dtype = adapter_dtype(run, spec.model_path)
-        self.engine = create_engine(run.engine.name, engine_spec(run, spec.model_path, run.engine.max_loras))
-        self.scratch = AdapterScratch(run.engine.adapter_dir, spec.run_tag)
+        self.strategy = None if spec.strategy is None else get_strategy(spec.strategy.name).build(spec.strategy,
+                                                                                                    spec.seed)
+        self.dtype = ADAPTER_DTYPES[spec.adapter_dtype]
+        self.engine = create_engine(spec.engine_name, spec.engine)
+        self.scratch = AdapterScratch(spec.adapter_dir, spec.run_tag)
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -137,7 +152,7 @@ class EngineWorker:
 
     def evaluate(self, payload: Any, unit: WorkUnit) -> UnitResult:
         start = time.perf_counter()
-        layout = payload.get("layout", self.layout)  # PBT members differ in rank and modules
+        layout = getattr(payload, "layout", None) or self.layout  # PBT members differ in rank and modules
         refs = []
         for spec in unit.specs:
             tensors = materialise(self.strategy, payload, spec)
@@ -152,11 +167,12 @@ class EngineWorker:
         rows = [completions[i * n:(i + 1) * n] for i in range(len(refs))]
         scores = [score_completions(self.task, [c.text for c in row], examples, self.penalty) for row in rows]
         scored = time.perf_counter()
-        ppl = None
+        ppl, tokens_scored = None, 0
         if unit.perplexity:
             targets = [self.renderer.target_ids(e) for e in examples]
             logprobs = self.engine.score(pairs_prompts, [t for _ in refs for t in targets], pairs_adapters)
             ppl = np.array([perplexity(lp) for lp in logprobs], dtype=np.float64).reshape(len(refs), n)
+            tokens_scored = len(refs) * sum(len(p) + len(t) for p, t in zip(prompts, targets))
         loaded = [r for r in refs if r is not None]
         self.engine.release(loaded)
         self.scratch.remove(loaded)
@@ -168,7 +184,8 @@ class EngineWorker:
             reward_errors=sum(s.errors for s in scores),
             timings={"materialise": materialised - start, "generate": generated - materialised,
                      "reward": scored - generated, "perplexity": time.perf_counter() - scored},
-            worker=self.index, rss_mb=process_tree_rss_mb(), perplexity=ppl,
+            worker=self.index, rss_mb=process_tree_rss_mb(), tokens_prompt=len(refs) * sum(map(len, prompts)),
+            tokens_scored=tokens_scored, perplexity=ppl,
             texts=[[c.text for c in row] for row in rows] if unit.keep_texts else None,
         )
 

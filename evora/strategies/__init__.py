@@ -1,21 +1,9 @@
-"""Search strategies: ask/tell units that know nothing about Ray, vLLM or W&B."""
+"""Search strategies: ask/tell units that know nothing about Ray, vLLM or W&B, each in its
+own folder and registered by name (`registry.py`). Importing this package registers the
+built-in ones."""
 
-from __future__ import annotations
+from evora.strategies.registry import StrategyEntry, entries, get_strategy, register_strategy, strategy_names
 
-from typing import Any
+from evora.strategies import es, ga, pbt  # noqa: E402,F401,I001  (registration, after the registry exists)
 
-from evora.strategies.base import Strategy
-
-
-def build_strategy(cfg: Any, run_seed: int, noise_scales: dict[str, float] | None = None) -> Strategy | None:
-    """The strategy for a strategy config (dispatch on its schema type). None for PBT: its
-    members are trained by gradient descent (evora.tune), and workers only evaluate them."""
-    from evora.config.schema import ESConfig, GAConfig, PBTConfig
-
-    if isinstance(cfg, PBTConfig):
-        return None
-    from evora.strategies.es import EvolutionStrategy
-    from evora.strategies.ga import GeneticAlgorithm
-
-    builders = {ESConfig: EvolutionStrategy, GAConfig: GeneticAlgorithm}
-    return builders[type(cfg)](cfg, run_seed, noise_scales)
+__all__ = ["StrategyEntry", "entries", "get_strategy", "register_strategy", "strategy_names"]

@@ -36,3 +36,32 @@ def load(path: str | os.PathLike) -> Any:
 
 def latest_path(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "checkpoints" / LATEST
+
+
+FORMAT = "evora-checkpoint"
+VERSION = 3  # 3: typed strategy state (state_fields of the strategy's state dataclass) + loop state
+
+
+def run_state(strategy: str, state: Any, state_fields: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint holds: format and versions (checked on load), the strategy's state, the loop's."""
+    return {"format": FORMAT, "version": VERSION, "strategy": strategy, "state_type": type(state).__name__,
+            "state_version": type(state).STATE_VERSION, "state": state_fields, "loop": loop}
+
+
+def load_run_state(path: Path, strategy: str, state_type: type) -> dict[str, Any]:
+    """A checkpoint written by this evora for this strategy; one-line ConfigError otherwise."""
+    from evora.errors import ConfigError
+
+    try:
+        saved = load(path)
+    except Exception as error:  # torch raises many types for files that are not its own
+        raise ConfigError(f"{path}: not an evora checkpoint ({str(error).splitlines()[0][:120]})") from None
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        raise ConfigError(f"{path}: not an evora checkpoint (no format marker)")
+    found = (saved.get("version"), saved.get("strategy"), saved.get("state_type"), saved.get("state_version"))
+    wanted = (VERSION, strategy, state_type.__name__, state_type.STATE_VERSION)
+    if found != wanted:
+        raise ConfigError(f"{path}: checkpoint format {found[0]} of strategy {found[1]} ({found[2]} v{found[3]}); "
+                          f"this evora reads format {wanted[0]} of {wanted[1]} ({wanted[2]} v{wanted[3]}): "
+                          "start a new run")
+    return saved

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from evora.tracking.run_dir import METRICS_FILE, TRIALS_FILE
 
@@ -27,11 +26,14 @@ def _clean(value: Any) -> Any:
 
 
 class JsonlSink:
-    def __init__(self, run_dir: str | Path, completed_generations: int | None = None, filename: str = METRICS_FILE):
+    """Appends records to a JSONL file, fsynced; `lazy`: the file appears with its first record."""
+
+    def __init__(self, run_dir: str | Path, completed_generations: int | None = None, filename: str = METRICS_FILE,
+                 lazy: bool = False):
         self.path = Path(run_dir) / filename
         if completed_generations is not None:
             self._truncate(completed_generations)
-        self.handle = open(self.path, "a")
+        self.handle = None if lazy else open(self.path, "a")
 
     def _truncate(self, completed: int) -> None:
         """On resume, drop lines of generations the checkpoint does not cover (they are redone)."""
@@ -42,22 +44,26 @@ class JsonlSink:
         self.path.write_text("".join(line + "\n" for line in keep))
 
     def log(self, record: dict[str, Any]) -> None:
+        if self.handle is None:
+            self.handle = open(self.path, "a")
         self.handle.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self.handle.flush()
         os.fsync(self.handle.fileno())
 
     def close(self) -> None:
-        self.handle.close()
+        if self.handle is not None:
+            self.handle.close()
 
 
 class WandbSink:
     """One W&B run per evora run; its id is kept in the run folder so a resume continues it."""
 
     def __init__(self, run_dir: str | Path, *, project: str, entity: str | None, group: str | None, name: str,
-                 mode: str, config: dict[str, Any]):
+                 mode: str, config: dict[str, Any], figures: Callable[[], list[Path]] | None = None):
         import wandb
 
         self.run_dir = Path(run_dir)
+        self.figures = figures  # the run's plots, drawn at the end (passed in: tracking draws nothing itself)
         id_file = Path(run_dir) / "wandb_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
@@ -72,41 +78,11 @@ class WandbSink:
         """The run's figures (`evora analyze`'s plots) go to W&B too, then the run ends."""
         import wandb
 
-        from evora.analysis.plots import write_plots
-
-        figures = {f"plots/{path.stem}": wandb.Image(str(path)) for path in write_plots(self.run_dir)}
+        paths = self.figures() if self.figures is not None else []
+        figures = {f"plots/{path.stem}": wandb.Image(str(path)) for path in paths}
         if figures:
             self.run.log(figures)
         self.run.finish()
-
-
-class RewardPlotSink:
-    """plots/reward.png redrawn as the run goes (seed 001's live plot): at most every
-    `every_s` seconds, and at the end. Written to a temporary name, then renamed, so a
-    viewer never opens half a PNG."""
-
-    def __init__(self, run_dir: str | Path, every_s: float = 10.0):
-        self.run_dir, self.every_s, self.drawn_at = Path(run_dir), every_s, float("-inf")
-
-    def log(self, record: dict[str, Any]) -> None:
-        if time.monotonic() - self.drawn_at >= self.every_s:
-            self.draw()
-
-    def draw(self) -> None:
-        from evora.analysis.plots import PLOTS_DIR, plot_reward
-
-        metrics = read_metrics(self.run_dir)
-        if not metrics:
-            return
-        path = self.run_dir / PLOTS_DIR / "reward.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(".reward.png.partial")
-        plot_reward(metrics).savefig(partial, dpi=120, format="png")
-        os.replace(partial, path)
-        self.drawn_at = time.monotonic()
-
-    def close(self) -> None:
-        self.draw()
 
 
 def read_metrics(run_dir: str | Path, filename: str = METRICS_FILE) -> list[dict[str, Any]]:

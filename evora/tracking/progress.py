@@ -12,35 +12,46 @@ def _fmt(value: float | None) -> str:
     return "  -  " if value is None else f"{value:.3f}"
 
 
-def generation_line(s: dict[str, Any]) -> str:
+def generation_line(s: dict[str, Any], extra: tuple[tuple[str, str], ...] = ()) -> str:
+    """One generation; `extra` are the strategy's own (metrics key, label) pairs (its registry entry)."""
     heldout = f"  held-out {_fmt(s['heldout_reward'])}" if s.get("heldout_reward") is not None else ""
+    own = "".join(f"  {label} {_fmt(s[key])}" for key, label in extra if s.get(key) is not None)
     return (f"gen {s['generation']:>4}/{s['generations']}  reward {_fmt(s['reward_mean'])} "
             f"[p20 {_fmt(s['reward_p20'])} p80 {_fmt(s['reward_p80'])} max {_fmt(s['reward_max'])}]"
-            f"{heldout}  {s['seconds']:.1f}s  {s['tokens_per_second']:,.0f} tok/s")
+            f"{heldout}{own}  {s['seconds']:.1f}s  {s['tokens_per_second']:,.0f} tok/s")
 
 
-def final_lines(s: dict[str, Any]) -> list[str]:
-    counts = s["best_vs_base"]
-    return [f"held-out reward: base model {_fmt(s['base_heldout'])} -> final {s['center']} adapter "
-            f"{_fmt(s['final_heldout'])}"
-            f" (best {_fmt(s['best_heldout'])} at generation {s['best_generation']})",
-            f"best adapter vs base model, held-out: {counts['improvements']} improvements, {counts['regressions']} "
-            f"regressions (eval/best_vs_base.md)",
-            f"run folder: {s['run_dir']}  (adapters/{s['center']}, adapters/best: PEFT layout)"]
+def final_lines(event: dict[str, Any]) -> list[str]:
+    """The run's end, from its summary (the one schema every strategy writes)."""
+    s, run_dir = event["summary"], event["run_dir"]
+    base, best, final = s["base"], s["best"], s["final"]
+    found = f" at generation {s['best_generation']}" if s["best_generation"] is not None else ""
+    found += f", member {s['best_member']}" if s["best_member"] else ""
+    final_text = f" -> final {s['center']} adapter {_fmt(final['reward'])}" if final else ""
+    counts, flops = s["best_vs_base"], s["compute"]["search"]["flops"]
+    lines = [f"held-out reward: base model {_fmt(base['reward'])}{final_text} (best {_fmt(best['reward'])}{found})",
+             f"best adapter vs base model, held-out: {counts['improvements']} improvements, {counts['regressions']} "
+             f"regressions (eval/best_vs_base.md)",
+             f"compute: {flops:.3g} FLOPs searching, {s['compute']['seconds']['total']:.0f}s in all"]
+    # Per-member numbers stay in the summary; the console shows the strategy's headline findings.
+    lines += [f"{key.replace('_', ' ')}: {_detail(value)}" for key, value in s["details"].items()
+              if not isinstance(value, dict) or not any(isinstance(v, float) for v in value.values())]
+    adapters = ", ".join(sorted(s["adapters"].values()))
+    return lines + [f"run folder: {run_dir}  ({adapters}: PEFT layout)"]
 
 
-def pbt_final_lines(s: dict[str, Any]) -> list[str]:
-    counts = s["best_vs_base"]
-    converged = {None: "too few generations to tell", True: "yes", False: "no"}[s["converged"]]
-    return [f"best member {s['best_member']}: held-out fitness {_fmt(s['best_heldout_fitness'])} (median member "
-            f"{_fmt(s['median_trial_heldout_fitness'])}, base model {_fmt(s['base_heldout']['fitness'])})",
-            f"best adapter vs base model, held-out: {counts['improvements']} improvements, {counts['regressions']} "
-            f"regressions (eval/best_vs_base.md); converged (<1% over 5 generations): {converged}",
-            f"run folder: {s['run_dir']}  (adapters/best: PEFT layout; lineage.jsonl, trials.jsonl)"]
+def _detail(value: Any) -> str:
+    if isinstance(value, float):
+        return _fmt(value)
+    if value is None:
+        return "too few generations to tell"
+    return str(value)
 
 
 class ConsoleProgress:
-    def __init__(self, enabled: bool = True, console: Console | None = None):
+    def __init__(self, enabled: bool = True, console: Console | None = None,
+                 extra: tuple[tuple[str, str], ...] = ()):
+        self.extra = extra
         self.console = console or Console(soft_wrap=True, markup=False, highlight=False)
         self.progress = Progress(TextColumn("evolving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TimeRemainingColumn(), console=self.console, disable=not enabled, transient=True)
@@ -53,31 +64,32 @@ class ConsoleProgress:
     def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
 
-    def handle(self, summary: dict[str, Any]) -> None:
-        kind = summary["kind"]
+    def handle(self, event: dict[str, Any]) -> None:
+        kind = event["kind"]
         if kind == "start":
-            resumed = f", resumed at generation {summary['start']}" if summary["resumed"] else ""
-            self.console.print(f"{summary['workers']} engine worker(s), {summary['adapter_parameters']:,} adapter "
-                               f"parameters, set-up {summary['setup_seconds']:.0f}s{resumed}; held-out reward of "
-                               f"the base model {_fmt(summary['base_heldout'])}")
-            self.task = self.progress.add_task("generations", total=summary["generations"],
-                                               completed=summary["start"])
+            self._start(event)
         elif kind == "generation":
-            self.console.print(generation_line(summary))
-            self.progress.update(self.task, completed=summary["generation"])
+            self.console.print(generation_line(event, self.extra))
+            self.progress.update(self.task, completed=event["generation"])
         elif kind == "final":
-            for line in final_lines(summary):
+            for line in final_lines(event):
                 self.console.print(line)
         elif kind == "driver-restart":
             self.console.print(f"the driver was lost; restarted from the last checkpoint "
-                               f"(restart {summary['restarts']})")
+                               f"(restart {event['restarts']})")
             if self.task is not None:
                 self.progress.remove_task(self.task)
                 self.task = None
-        elif kind == "pbt-start":
-            resumed = " (resumed)" if summary["resumed"] else ""
-            self.console.print(f"population-based training: {summary['population']} members, "
-                               f"{summary['generations']} generations{resumed}")
-        elif kind == "pbt-final":
-            for line in pbt_final_lines(summary):
-                self.console.print(line)
+
+    def _start(self, event: dict[str, Any]) -> None:
+        resumed = f", resumed at generation {event['start']}" if event["resumed"] else ""
+        parts = [f"strategy {event['strategy']}", f"{event['workers']} engine worker(s)"]
+        if event.get("population") is not None:
+            parts.append(f"{event['population']} members")
+        if event.get("adapter_parameters") is not None:
+            parts.append(f"{event['adapter_parameters']:,} adapter parameters")
+        base = event.get("base_heldout")
+        self.console.print(", ".join(parts) + f", set-up {event['setup_seconds']:.0f}s{resumed}"
+                           + (f"; held-out reward of the base model {_fmt(base)}" if base is not None else ""))
+        if event.get("population") is None:  # PBT members print their own lines (trials finish out of order)
+            self.task = self.progress.add_task("generations", total=event["generations"], completed=event["start"])

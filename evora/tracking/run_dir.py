@@ -1,10 +1,10 @@
-"""The run folder (DESIGN §6) and its resolved, redacted config.yaml."""
+"""The run folder (docs/architecture.md, "Run folder") and its resolved, redacted config.yaml."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,9 @@ LINEAGE_FILE = "lineage.jsonl"  # GA/PBT family tree: one record per member
 TRIALS_FILE = "trials.jsonl"  # PBT: every trial's result, every generation
 
 
-def new_run_dir(out_dir: str, name: str, now: datetime | None = None) -> str:
-    stamp = (now or datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
-    return str(Path(out_dir) / f"{stamp}_{name}")
+def run_tag(run_dir: str | Path) -> str:
+    """A short tag naming the run's tmpfs scratch folders and named actors."""
+    return hashlib.blake2b(str(Path(run_dir).resolve()).encode(), digest_size=4).hexdigest()
 
 
 def redact(value: Any) -> Any:

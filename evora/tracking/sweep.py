@@ -1,6 +1,6 @@
 """Hydra multirun bookkeeping: every job of `evora -m ...` gets a W&B group named after
 the sweep, and the sweep folder gets `sweep_summary.json` / `.md` with one row per
-override set (final held-out reward, generations, wall-clock), rewritten after every
+override set (base, final and best held-out reward, generations, compute, wall-clock), rewritten after every
 job so that an interrupted sweep still has the rows it finished."""
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from evora.tracking.summary import headline, read_summary
+
 SUMMARY = "sweep_summary"
 COLUMNS = ("job", "overrides", "status", "strategy", "base_heldout", "final_heldout", "best_heldout", "generations",
-           "wall_clock_s", "run_dir")
+           "search_flops", "wall_clock_s", "run_dir")
 
 
 def in_multirun() -> bool:
@@ -37,24 +39,20 @@ def with_sweep_tracking(run: Any) -> Any:
         wandb_name=tracking.wandb_name or hydra.job.override_dirname or hydra.job.num))
 
 
-def summary_row(job: int, overrides: list[str], status: str, strategy: str, result: dict[str, Any] | None,
+def summary_row(job: int, overrides: list[str], status: str, strategy: str, summary: dict[str, Any] | None,
                 seconds: float, run_dir: str) -> dict[str, Any]:
-    result = result or {}
+    """One job's row from its eval/summary.json (None when the job failed)."""
     return {"job": job, "overrides": " ".join(overrides), "status": status, "strategy": strategy,
-            "base_heldout": _number(result.get("base_heldout")),
-            "final_heldout": _number(result.get("final_heldout", result.get("best_heldout_fitness"))),
-            "best_heldout": _number(result.get("best_heldout", result.get("best_heldout_fitness"))),
-            "generations": result.get("generations"), "wall_clock_s": round(seconds, 1), "run_dir": run_dir}
-
-
-def _number(value: Any) -> Any:
-    if isinstance(value, dict):  # PBT reports the base model's metrics as a dict
-        value = value.get("fitness")
-    return value
+            "base_heldout": headline(summary, "base"), "final_heldout": headline(summary, "final"),
+            "best_heldout": headline(summary, "best"), "generations": (summary or {}).get("generations"),
+            "search_flops": (summary or {}).get("compute", {}).get("search", {}).get("flops"),
+            "wall_clock_s": round(seconds, 1), "run_dir": run_dir}
 
 
 def _cell(value: Any) -> str:
-    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) >= 1e5 else f"{value:.3f}"
+    return "-" if value is None else str(value)
 
 
 def write_summary(folder: Path, rows: list[dict[str, Any]]) -> None:
@@ -87,8 +85,8 @@ class SweepSummary(Callback):
             return
         hydra = HydraConfig.get()
         completed = job_return.status == JobStatus.COMPLETED
-        result = job_return._return_value if completed else None  # .return_value re-raises a failure
+        summary = read_summary(hydra.runtime.output_dir) if completed else None
         self.rows.append(summary_row(hydra.job.num, list(job_return.overrides or []),
-                                     "completed" if completed else "failed", config.strategy.name, result,
+                                     "completed" if completed else "failed", config.strategy.name, summary,
                                      time.perf_counter() - self.started, hydra.runtime.output_dir))
         write_summary(Path(hydra.sweep.dir), self.rows)

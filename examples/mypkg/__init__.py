@@ -1,1 +1,1 @@
-"""An example of a user's own reward and task for evora (see README, "Tasks")."""
+"""An example of a user's own reward, task and strategy for evora (see README and docs/architecture.md)."""

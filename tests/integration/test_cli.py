@@ -14,8 +14,10 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import SMALL, cli_run, only_run_dir, run_evora
+
+from evora.tracking.summary import validate_summary
 from evora.analysis import plots
-from evora.distributed.driver import run_tag
+from evora.tracking.run_dir import run_tag
 from evora.tracking.checkpoint import load
 from evora.tracking.metrics import read_metrics
 
@@ -68,13 +70,21 @@ def test_run_folder_outputs_and_console(tmp_path):
         assert r["reward_min"] <= r["reward_p20"] <= r["reward_p80"] <= r["reward_max"]
         assert r["tokens"] > 0
     assert "heldout_reward" in records[2] and "heldout_reward" in records[3]
-    assert load(run_dir / "checkpoints" / "latest.pt")["next_generation"] == 3
+    assert load(run_dir / "checkpoints" / "latest.pt")["loop"]["next_generation"] == 3
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
-    assert summary["final_heldout"] == records[3]["heldout_reward"]
+    validate_summary(summary)
+    assert summary["final"]["reward"] == records[3]["heldout_reward"]
+    # compute: per generation and cumulative, and the summary's totals agree with them
+    assert records[0]["cumulative_flops"] == 0 and all(r["flops"] > 0 and r["tokens_prompt"] > 0 for r in records[1:])
+    assert records[3]["cumulative_flops"] == pytest.approx(sum(r["flops"] for r in records[1:]))
+    assert summary["compute"]["search"]["flops"] == pytest.approx(records[3]["cumulative_flops"])
+    assert summary["compute"]["search"]["tokens_generated"] == sum(r["tokens"] for r in records[1:])
+    parameters = summary["compute"]["parameters"]
+    assert records[1]["flops"] == 2 * parameters * (records[1]["tokens_prompt"] + records[1]["tokens_generated"])
     assert summary["best_chosen_on"] == "selection" and "selection_fitness" in records[3]
     comparison = json.loads((run_dir / "eval" / "best_vs_base.json").read_text())
     assert comparison["base_metrics"]["reward"] == records[0]["base_heldout_reward"]
-    assert comparison["adapter_metrics"]["reward"] == summary["best_heldout"]
+    assert comparison["adapter_metrics"]["reward"] == summary["best"]["reward"]
     assert (run_dir / "eval" / "best_vs_base.md").read_text().startswith("# Evaluation: adapters/best")
     assert "gen    3/3" in stdout and "held-out reward: base model" in stdout
     # Only this run's folders: other runs (killed ones in the resume tests) may leave their own.
@@ -98,7 +108,7 @@ def test_one_worker_and_two_workers_give_the_bitwise_same_mean_adapter():
     one, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=1")
     assert_bitwise_equal(mean_adapter(one), mean_adapter(two))
     # and the run actually moved: the mean is not the initial adapter any more
-    assert load(one / "checkpoints" / "latest.pt")["strategy_state"]["step"] == 3
+    assert load(one / "checkpoints" / "latest.pt")["state"]["step"] == 3
     fitness_one = [r["reward_mean"] for r in read_metrics(one)[1:]]
     assert fitness_one == [r["reward_mean"] for r in read_metrics(two)[1:]]
 
@@ -248,7 +258,7 @@ def test_bad_ga_configs_fail_before_ray(tmp_path):
 def test_ga_quickstart_improves_heldout_reward():
     run_dir, stdout = cli_run("strategy=ga")
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
-    assert summary["best_heldout"] > summary["base_heldout"] + 0.2, summary
+    assert summary["best"]["reward"] > summary["base"]["reward"] + 0.2, summary
     assert "final elite adapter" in stdout and (run_dir / "adapters" / "elite").is_dir()
 
 
@@ -263,8 +273,10 @@ def test_pbt_finishes_with_a_best_adapter_at_least_as_good_as_the_median_member(
     run_dir, stdout = cli_run(*PBT, "tracking=wandb", "tracking.wandb_mode=offline")
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert (run_dir / "adapters" / "best" / "adapter_model.safetensors").is_file()
-    assert summary["best_heldout_fitness"] >= summary["median_trial_heldout_fitness"], summary
-    assert summary["best_heldout_fitness"] > summary["base_heldout"]["fitness"], summary
+    validate_summary(summary)
+    assert summary["best"]["fitness"] >= summary["details"]["median_member_heldout_fitness"], summary
+    assert summary["best"]["fitness"] > summary["base"]["fitness"], summary
+    assert summary["compute"]["search"]["tokens_trained"] > 0 and summary["compute"]["search"]["flops_training"] > 0
     trials = read_metrics(run_dir, "trials.jsonl")
     assert sorted({(t["trial"], t["generation"]) for t in trials}) == sorted(
         {(t["trial"], g) for t in trials for g in (1, 2, 3)})
@@ -375,7 +387,7 @@ def test_analyze_real_runs_writes_every_plot_and_a_report(args, expected, tmp_pa
     reward_axes = plots.figures(copy)["reward"]().axes[0]
     assert reward_axes.get_ylabel() in ("reward", "fitness")
     summary = json.loads((copy / "eval" / "summary.json").read_text())
-    best = summary["best_heldout_fitness"] if "best_heldout_fitness" in summary else summary["best_heldout"]
+    best = summary["best"]["reward"]
     assert f"{best:.4f}" in report, (best, report[:2000])
 
 
@@ -391,5 +403,5 @@ def test_runs_list_shows_real_runs_and_their_status(tmp_path):
 def test_quickstart_improves_heldout_reward_over_the_base_model():
     run_dir, stdout = cli_run()  # the default config: what `make run` runs
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
-    assert summary["final_heldout"] > summary["base_heldout"] + 0.2, summary
+    assert summary["final"]["reward"] > summary["base"]["reward"] + 0.2, summary
     assert "held-out reward: base model" in stdout

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from conftest import ROOT, SMALL, cli_run, evora_cmd, only_run_dir, run_evora
 from evora.config.compose import compose_run
-from evora.distributed.driver import run_tag
+from evora.tracking.run_dir import run_tag
 from evora.distributed.launch import NAMESPACE, driver_name
 from evora.distributed.placement import place_workers, worker_count
 from evora.tracking.metrics import read_metrics
@@ -216,7 +216,7 @@ def test_multirun_shares_one_ray_session_groups_wandb_runs_and_writes_a_sweep_su
     assert [r["strategy"] for r in rows] == ["es", "ga"] and all(r["status"] == "completed" for r in rows)
     for row, job in zip(rows, ("0", "1")):
         summary = json.loads((sweep / job / "eval" / "summary.json").read_text())
-        assert row["final_heldout"] == summary["final_heldout"] and row["generations"] == 1
+        assert row["final_heldout"] == summary["final"]["reward"] and row["generations"] == 1
         assert row["wall_clock_s"] > 0 and row["run_dir"].endswith(f"/{job}")
         wandb_run = next((sweep / job / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
         assert f'"wandb_group":"{sweep.name}"'.encode() in wandb_run  # the group, in the run's W&B config
@@ -238,7 +238,7 @@ def assert_no_secrets(folder: Path) -> None:
 LISTENERS = textwrap.dedent("""
     import json, os, psutil, ray
     from evora.config.compose import compose_run, setup
-    from evora.distributed.launch import init_ray
+    from evora.distributed.ray_session import init_ray
     setup()
     init_ray(compose_run([]))
     node = ray._private.worker.global_worker.node

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import make_summary
 
 from evora.analysis import plots, report
 from evora.cli import main
@@ -42,8 +43,7 @@ def es_run(tmp_path: Path) -> Path:
     (run / "eval").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump(_config({"name": "es", "population": 32, "sigma": 0.3, "lr": 0.05})))
     _jsonl(run / "metrics.jsonl", _es_metrics())
-    (run / "eval" / "summary.json").write_text(json.dumps(
-        {"base_heldout": 0.5, "final_heldout": 0.85, "best_heldout": 0.9, "best_generation": 3, "generations": 6}))
+    (run / "eval" / "summary.json").write_text(json.dumps(make_summary(0.5, 0.9, 0.85)))
     (run / "eval" / "best_vs_base.json").write_text(json.dumps(
         {"task": "addition", "split": "heldout", "adapter": "adapters/best", "examples": 8,
          "adapter_metrics": {"reward": 0.9, "accuracy": 0.875}, "base_metrics": {"reward": 0.5, "accuracy": 0.5},
@@ -91,9 +91,9 @@ def pbt_run(tmp_path: Path) -> Path:
         {"generation": 1, "op": "exploit", "trial": "t1", "from_trial": "t0", "parent": "r1_lr0.003_g0",
          "id": "r1_lr0.00375_g1", "fitness": 0.9, "changes": {"learning_rate": [0.003, 0.00375]},
          "operations": {"learning_rate": "x1.25"}}])
-    (run / "eval" / "summary.json").write_text(json.dumps(
-        {"strategy": "pbt", "best_member": "r1_lr0.003_g0", "best_heldout_fitness": 0.93,
-         "base_heldout": {"reward": 0.47, "fitness": 0.46}, "best_heldout": {"reward": 0.95}}))
+    (run / "eval" / "summary.json").write_text(json.dumps(make_summary(
+        0.47, 0.95, strategy="pbt", best_member="r1_lr0.003_g0", best_generation=None,
+        details={"best_hyperparameters": {"rank": 1}})))
     return run
 
 
@@ -187,7 +187,7 @@ def test_write_plots_and_report_for_pbt(pbt_run: Path):
     names = [p.name for p in plots.write_plots(pbt_run)]
     assert names == ["reward.png", "lineage.png", "mutations.png", "hyperparameters.png", "survival.png"]
     text = report.write_report(pbt_run).read_text()
-    assert "best member: `r1_lr0.003_g0`" in text and "| 0.4600 | - | 0.9300 |" in text
+    assert "best member: `r1_lr0.003_g0`" in text and "| 0.4700 | - | 0.9500 |" in text
     assert "learning_rate 0.001, 0.003, 0.00375" in text
 
 

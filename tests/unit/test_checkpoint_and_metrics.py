@@ -78,3 +78,54 @@ def test_redaction_hides_keys_and_tokens():
     cfg = {"tracking": {"wandb_api_key": "sk-123", "name": "w"}, "hf_token": "hf_x", "nested": [{"secret": "s"}]}
     out = json.dumps(redact(cfg))
     assert "sk-123" not in out and "hf_x" not in out and '"s"' not in out and '"w"' in out
+
+
+# --- checkpoint format and versions ------------------------------------------------------
+
+def _es_state():
+    from evora.strategies.es import ESState
+
+    return ESState(theta={"a": torch.ones(2)}, step=4, noise_scales={"a": 2.0})
+
+
+def test_a_checkpoint_round_trips_the_typed_state(tmp_path):
+    from evora.strategies.es import ESState
+    from evora.strategies.protocol import state_fields
+    from evora.tracking.checkpoint import load_run_state, run_state
+
+    state = _es_state()
+    atomic_save(run_state("es", state, state_fields(state), {"next_generation": 4}), tmp_path / "latest.pt")
+    saved = load_run_state(tmp_path / "latest.pt", "es", ESState)
+    again = ESState(**saved["state"])
+    assert again.step == 4 and torch.equal(again.theta["a"], state.theta["a"]) and again.noise_scales == {"a": 2.0}
+    assert saved["loop"] == {"next_generation": 4}
+
+
+@pytest.mark.parametrize("change,expected", [
+    ({"version": 2}, "checkpoint format 2 of strategy es"),
+    ({"strategy": "ga"}, "of strategy ga"),
+    ({"state_version": 99}, "(ESState v99)"),
+    ({"format": None}, "not an evora checkpoint"),
+])
+def test_an_old_or_foreign_checkpoint_fails_in_one_line(tmp_path, change, expected):
+    from evora.errors import ConfigError
+    from evora.strategies.es import ESState
+    from evora.strategies.protocol import state_fields
+    from evora.tracking.checkpoint import load_run_state, run_state
+
+    state = _es_state()
+    saved = {**run_state("es", state, state_fields(state), {}), **change}
+    atomic_save(saved, tmp_path / "latest.pt")
+    with pytest.raises(ConfigError) as error:
+        load_run_state(tmp_path / "latest.pt", "es", ESState)
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_file_that_is_not_a_checkpoint_fails_in_one_line(tmp_path):
+    from evora.errors import ConfigError
+    from evora.strategies.es import ESState
+    from evora.tracking.checkpoint import load_run_state
+
+    (tmp_path / "latest.pt").write_text("not a checkpoint")
+    with pytest.raises(ConfigError, match="not an evora checkpoint"):
+        load_run_state(tmp_path / "latest.pt", "es", ESState)

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from evora.config.compose import GROUPS, compose_run, expand_jobs, group_options, overrides_of, preflight
-from evora.config.schema import ESConfig, RunConfig
+from evora.config.schema import RunConfig
+from evora.strategies.es import ESConfig
 from evora.errors import ConfigError
 
 

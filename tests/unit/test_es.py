@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from evora.config.schema import ESConfig
+from evora.strategies.es import ESConfig
 from evora.lora.layout import build_layout
 from evora.lora.noise import member_noise
-from evora.strategies.base import CENTER, BASE, CandidateSpec, materialise
-from evora.strategies.es import EvolutionStrategy
+from evora.strategies.protocol import BASE, CENTER, CandidateSpec, EvalPayload, fitness_results, materialise
+from evora.strategies.es import ESPayload, ESState, EvolutionStrategy
 
 SHAPES = {"model.layers.0.mlp.down_proj": (6, 10), "model.layers.0.self_attn.o_proj": (6, 6),
           "model.layers.1.mlp.down_proj": (6, 10)}
@@ -27,33 +27,36 @@ def theta0(seed=0):
     return {k: torch.randn(s, generator=g) * 0.1 for k, s in layout().shapes().items()}
 
 
-def reference_gradient(es, theta, fitness, generation):
+def reference_gradient(es, theta, fitness, generation, scales=None):
     """sum_i w_i eps_i / (N sigma_k), materialising every candidate's noise explicitly."""
+    scales = scales or {}
     cfg = es.cfg
     w = (fitness - fitness.mean()) / fitness.std() if cfg.shaping == "zscore" else fitness
     grad = {k: torch.zeros_like(v) for k, v in theta.items()}
     specs = es.population(generation)
     for spec, wi in zip(specs, w):
-        cand = es.materialise({"theta": theta}, spec)
+        cand = es.materialise(ESPayload(generation, theta, scales), spec)
         for k in theta:
-            eps = (cand[k] - theta[k]) / es.sigma_of(k)
+            eps = (cand[k] - theta[k]) / es.sigma_of(scales, k)
             grad[k] += float(wi) * eps
-    return {k: g / (len(specs) * es.sigma_of(k)) for k, g in grad.items()}
+    return {k: g / (len(specs) * es.sigma_of(scales, k)) for k, g in grad.items()}
 
 
 @pytest.mark.parametrize("antithetic", [True, False])
 def test_sgd_update_matches_reference(antithetic):
     cfg = ESConfig(population=6, sigma=0.05, lr=0.1, antithetic=antithetic, shaping="zscore", weight_decay=0.01)
-    es = EvolutionStrategy(cfg, run_seed=3, noise_scales={"base_model.model.model.layers.0.self_attn.o_proj.lora_A.weight": 2.0})
+    es = EvolutionStrategy(cfg, run_seed=3)
+    scales = {"base_model.model.model.layers.0.self_attn.o_proj.lora_A.weight": 2.0}
     theta = theta0()
-    state = es.initial_state(theta)
+    state = es.start(theta, scales)
     specs, payload = es.ask(state, generation=4)
     fitness = np.array([0.1, 0.7, 0.3, 0.9, 0.2, 0.5])
-    new, stats = es.tell(state, specs, fitness)
-    ref = reference_gradient(es, theta, fitness, 4)
+    told = es.tell(state, specs, fitness_results(4, fitness))
+    new, stats = told.state, told.stats
+    ref = reference_gradient(es, theta, fitness, 4, scales)
     for k in theta:
         expected = theta[k] + 0.1 * ref[k] - 0.1 * 0.01 * theta[k]
-        assert torch.allclose(new["theta"][k], expected, atol=1e-6), k
+        assert torch.allclose(new.theta[k], expected, atol=1e-6), k
     assert stats["update_norm"] > 0
 
 
@@ -61,7 +64,7 @@ def test_antithetic_pairs_are_mirrored_and_share_one_draw():
     es = EvolutionStrategy(ESConfig(population=4, sigma=0.1), run_seed=0)
     theta = theta0()
     specs = es.population(0)
-    plus, minus = (es.materialise({"theta": theta}, s) for s in specs[:2])
+    plus, minus = (es.materialise(ESPayload(0, theta, {}), s) for s in specs[:2])
     for k in theta:
         assert torch.allclose(plus[k] - theta[k], -(minus[k] - theta[k]))
         expected = theta[k] + 0.1 * member_noise(0, 0, 0, k, tuple(theta[k].shape))
@@ -71,33 +74,33 @@ def test_antithetic_pairs_are_mirrored_and_share_one_draw():
 def test_adam_update_matches_reference():
     cfg = ESConfig(population=4, sigma=0.1, lr=0.01, optimizer="adam", shaping="centered_rank")
     es = EvolutionStrategy(cfg, run_seed=1)
-    state = es.initial_state(theta0())
+    state = es.start(theta0())
     grads = []
     for generation, fitness in enumerate([np.array([1.0, 0.0, 0.5, 0.2]), np.array([0.3, 0.1, 0.9, 0.4])]):
         specs, _ = es.ask(state, generation)
-        grads.append(es.gradient(state["theta"], specs, fitness))
+        grads.append(es.gradient(state, specs, fitness))
         prev = state
-        state, _ = es.tell(state, specs, fitness)
-    for k in prev["theta"]:
+        state = es.tell(state, specs, fitness_results(generation, fitness)).state
+    for k in prev.theta:
         g1, g2 = grads[0][k], grads[1][k]
         m = 0.9 * (0.1 * g1) + 0.1 * g2
         v = 0.999 * (0.001 * g1 * g1) + 0.001 * g2 * g2
         step = (m / (1 - 0.9**2)) / ((v / (1 - 0.999**2)).sqrt() + 1e-8)
-        assert torch.allclose(state["theta"][k], prev["theta"][k] + 0.01 * step, atol=1e-6)
+        assert torch.allclose(state.theta[k], prev.theta[k] + 0.01 * step, atol=1e-6)
 
 
 def test_center_and_base_specs():
     es = EvolutionStrategy(ESConfig(population=2), run_seed=0)
     theta = theta0()
-    assert materialise(es, {"theta": theta}, CandidateSpec(0, 0, op=BASE)) is None
-    assert materialise(es, {"theta": theta}, CandidateSpec(0, 0, op=CENTER)) is theta
+    assert materialise(es, EvalPayload(theta), CandidateSpec(0, 0, op=BASE)) is None
+    assert materialise(es, EvalPayload(theta), CandidateSpec(0, 0, op=CENTER)) is theta
 
 
 def test_gradient_needs_the_whole_population_in_order():
     es = EvolutionStrategy(ESConfig(population=4), run_seed=0)
     specs = es.population(0)
     with pytest.raises(ValueError):
-        es.gradient(theta0(), specs[::-1], np.zeros(4))
+        es.gradient(es.start(theta0()), specs[::-1], np.zeros(4))
 
 
 @pytest.mark.parametrize("optimizer,lr", [("sgd", 0.05), ("adam", 0.02)])
@@ -114,18 +117,19 @@ def test_converges_on_an_analytic_objective(optimizer, lr):
     cfg = ESConfig(population=40, sigma=0.05, lr=lr, optimizer=optimizer, shaping="centered_rank")
     es = EvolutionStrategy(cfg, run_seed=0)
     start = {k: torch.randn(s, generator=g) * 0.3 for k, s in lay.shapes().items()}
-    state = es.initial_state(start)
-    initial = objective(state["theta"])
+    state = es.start(start)
+    initial = objective(state.theta)
     for generation in range(150):
         specs, payload = es.ask(state, generation)
         fitness = np.array([objective(es.materialise(payload, s)) for s in specs])
-        state, _ = es.tell(state, specs, fitness)
-    final = objective(state["theta"])
+        state = es.tell(state, specs, fitness_results(generation, fitness)).state
+    final = objective(state.theta)
     assert final > initial * 0.1, (initial, final)  # the squared error shrank more than tenfold
 
 
 def test_strategy_state_is_plain_data():
     es = EvolutionStrategy(ESConfig(population=2, optimizer="adam"), run_seed=0)
-    state = es.initial_state(theta0())
-    assert set(state) == {"theta", "step", "adam_m", "adam_v"}
+    state = es.start(theta0())
+    assert isinstance(state, ESState) and state.STATE_VERSION == 1
+    assert {f.name for f in dataclasses.fields(state)} == {"theta", "step", "noise_scales", "adam_m", "adam_v"}
     assert dataclasses.is_dataclass(es.cfg)

@@ -11,12 +11,14 @@ import pytest
 import torch
 
 from evora.config.compose import compose_run
-from evora.config.schema import GAConfig
+from evora.strategies.ga import GAConfig
 from evora.errors import ConfigError
 from evora.lora.layout import build_layout
 from evora.lora.noise import gaussian, noise_key
-from evora.strategies.ga import CROSSOVER, ELITE, MUTATE, GASpec, GeneticAlgorithm
-from evora.strategies.operators import (
+from evora.strategies.ga import GAState, GeneticAlgorithm
+from evora.strategies.ga.strategy import CROSSOVER, ELITE, MUTATE, GASpec
+from evora.strategies.protocol import fitness_results
+from evora.strategies.ga.operators import (
     CROSSOVERS, blend_pair, crossover_blend, crossover_layers, crossover_modules, module_pairs, mutate)
 
 @pytest.fixture(autouse=True, scope="module")
@@ -279,13 +281,14 @@ def objective_for(lay, targets):
 
 
 def run_ga(cfg, generations, objective, start, run_seed=0, noise_scales=None, hook=None):
-    ga = GeneticAlgorithm(cfg, run_seed=run_seed, noise_scales=noise_scales)
-    state = ga.initial_state(start)
+    ga = GeneticAlgorithm(cfg, run_seed=run_seed)
+    state = ga.start(start, noise_scales)
     for generation in range(generations):
         specs, payload = ga.ask(state, generation)
         members = [ga.materialise(payload, s) for s in specs]
         fitness = np.array([objective(m) for m in members])
-        new_state, stats = ga.tell(state, specs, fitness)
+        told = ga.tell(state, specs, fitness_results(specs[0].generation, fitness))
+        new_state, stats = told.state, told.stats
         if hook:
             hook(ga, state, specs, payload, members, fitness, new_state, stats)
         state = new_state
@@ -294,8 +297,8 @@ def run_ga(cfg, generations, objective, start, run_seed=0, noise_scales=None, ho
 
 def pool_state(ga, n=4, sigmas=None):
     pool = [random_adapter(100 + i, scale=0.3) for i in range(n)]
-    return {"pool": pool, "ids": [f"g3-{i:02d}-mutate" for i in range(n)],
-            "fitness": [-float(i) for i in range(n)], "sigmas": list(sigmas or [0.01 * (i + 1) for i in range(n)])}
+    return GAState(pool=pool, ids=[f"g3-{i:02d}-mutate" for i in range(n)], fitness=[-float(i) for i in range(n)],
+                   sigmas=list(sigmas or [0.01 * (i + 1) for i in range(n)]))
 
 
 # --- 4. elitism -------------------------------------------------------------------------------
@@ -311,19 +314,19 @@ def test_elites_are_carried_unchanged(encoding):
 
     def hook(ga, state, specs, payload, members, fitness, new_state, stats):
         elites = [s for s in specs if s.op == ELITE]
-        assert len(elites) == min(cfg.keep_top, len(state["pool"]))
+        assert len(elites) == min(cfg.keep_top, len(state.pool))
         assert [s.index for s in elites] == list(range(len(elites)))
         for spec in elites:
-            member, parent = members[spec.index], state["pool"][spec.parents[0]]
+            member, parent = members[spec.index], state.pool[spec.parents[0]]
             assert spec.parents == (spec.index,)
             assert all(torch.equal(member[k], parent[k]) for k in parent)  # materialises to the pool member
             assert fitness[spec.index] == objective(parent)
         keep = ga.survivors(fitness)
         for pos, i in enumerate(keep):
             if specs[i].op == ELITE:
-                parent = state["pool"][specs[i].parents[0]]
-                assert all(torch.equal(new_state["pool"][pos][k], parent[k]) for k in parent)
-                assert new_state["sigmas"][pos] == state["sigmas"][specs[i].parents[0]]
+                parent = state.pool[specs[i].parents[0]]
+                assert all(torch.equal(new_state.pool[pos][k], parent[k]) for k in parent)
+                assert new_state.sigmas[pos] == state.sigmas[specs[i].parents[0]]
                 checked.append(i)
 
     _, state = run_ga(cfg, 6, objective, random_adapter(0, scale=0.3), hook=hook)
@@ -337,11 +340,12 @@ def test_an_elite_survives_when_it_stays_the_best():
     specs, payload = ga.ask(state, 4)
     assert [s.op for s in specs[:2]] == [ELITE, ELITE] and all(s.op != ELITE for s in specs[2:])
     fitness = np.array([5.0, 4.0, 1.0, 2.0, 3.0])  # the elites stay best
-    new_state, stats = ga.tell(state, specs, fitness)
+    told = ga.tell(state, specs, fitness_results(specs[0].generation, fitness))
+    new_state, stats = told.state, told.stats
     for pos in range(2):
-        assert all(torch.equal(new_state["pool"][pos][k], state["pool"][pos][k]) for k in state["pool"][pos])
-    assert new_state["ids"] == state["ids"][:2]
-    assert new_state["fitness"] == [5.0, 4.0] and stats["best_fitness"] == 5.0
+        assert all(torch.equal(new_state.pool[pos][k], state.pool[pos][k]) for k in state.pool[pos])
+    assert new_state.ids == state.ids[:2]
+    assert new_state.fitness == [5.0, 4.0] and stats["best_fitness"] == 5.0
 
 
 # --- 5. selection -----------------------------------------------------------------------------
@@ -428,26 +432,26 @@ def test_converges_on_an_analytic_objective(crossover):
     """Maximise -||B A - T||^2 over every module: the GA must find a low-rank fit of T."""
     initial, final, state = converge(crossover)
     assert final >= initial / 5, (initial, final)  # at least 5x closer
-    assert state["fitness"][0] == final  # the center is the best member, its fitness as evaluated
-    assert state["fitness"] == sorted(state["fitness"], reverse=True)
+    assert state.fitness[0] == final  # the center is the best member, its fitness as evaluated
+    assert state.fitness == sorted(state.fitness, reverse=True)
 
 
 def test_runs_are_deterministic():
     _, _, first = converge("module", run_seed=3, generations=15)
     _, _, second = converge("module", run_seed=3, generations=15)
     _, _, other = converge("module", run_seed=4, generations=15)
-    assert first["ids"] == second["ids"] and first["sigmas"] == second["sigmas"]
-    for a, b in zip(first["pool"], second["pool"]):
+    assert first.ids == second.ids and first.sigmas == second.sigmas
+    for a, b in zip(first.pool, second.pool):
         assert all(torch.equal(a[k], b[k]) for k in a)
-    assert any(not torch.equal(first["pool"][0][k], other["pool"][0][k]) for k in first["pool"][0])
+    assert any(not torch.equal(first.pool[0][k], other.pool[0][k]) for k in first.pool[0])
 
 
 def test_tell_needs_the_whole_population_in_order():
     ga = GeneticAlgorithm(GAConfig(population=4, keep_top=1, parents=2), run_seed=0)
-    state = ga.initial_state(random_adapter(0))
+    state = ga.start(random_adapter(0))
     specs, _ = ga.ask(state, 0)
     with pytest.raises(ValueError):
-        ga.tell(state, specs[::-1], np.zeros(4))
+        ga.tell(state, specs[::-1], fitness_results(0, np.zeros(4)))
 
 
 # --- 7. seed-chain encoding -------------------------------------------------------------------
@@ -474,25 +478,25 @@ def test_seed_encoding_matches_tensor_encoding(self_adaptive):
     for (specs_t, payload_t, members_t, fit_t, _, new_t), (specs_s, payload_s, members_s, fit_s, old_s, new_s) \
             in zip(runs["tensors"], runs["seeds"]):
         assert specs_t == specs_s
-        assert "pool" not in payload_s and "chains" in payload_s  # only the chains travel
+        assert payload_s.pool is None and payload_s.chains is not None  # only the chains travel
         assert np.array_equal(fit_t, fit_s)
         for mt, ms in zip(members_t, members_s):
             assert all(torch.equal(mt[k], ms[k]) for k in mt)
-        assert new_t["ids"] == new_s["ids"] and new_t["sigmas"] == new_s["sigmas"]
-        for pt, ps in zip(new_t["pool"], new_s["pool"]):
+        assert new_t.ids == new_s.ids and new_t.sigmas == new_s.sigmas
+        for pt, ps in zip(new_t.pool, new_s.pool):
             assert all(torch.equal(pt[k], ps[k]) for k in pt)
         # chains: one more entry per generation for a mutated member, the same chain for an elite
         keep = sorted(range(len(fit_s)), key=lambda i: (-fit_s[i], i))[:common["parents"]]
-        assert len(new_s["chains"]) == len(keep)
-        for chain, i in zip(new_s["chains"], keep):
+        assert len(new_s.chains) == len(keep)
+        for chain, i in zip(new_s.chains, keep):
             spec = specs_s[i]
-            parent_chain = old_s["chains"][spec.parents[0]]
+            parent_chain = old_s.chains[spec.parents[0]]
             if spec.op == ELITE:
                 assert chain == parent_chain
             else:
                 assert spec.op == MUTATE
                 assert chain == [*parent_chain, [spec.seed, spec.sigma]]
-    assert any(len(c) >= 3 for c in runs["seeds"][-1][5]["chains"])  # chains really grew over generations
+    assert any(len(c) >= 3 for c in runs["seeds"][-1][5].chains)  # chains really grew over generations
 
 
 # --- 8. self-adaptive mutation scales ---------------------------------------------------------
@@ -508,9 +512,9 @@ def test_self_adaptive_scales(self_adaptive):
     ops = {s.op for s in specs}
     assert ops == {ELITE, MUTATE, CROSSOVER}
     for spec in specs:
-        inherited = float(np.mean([state["sigmas"][p] for p in spec.parents]))
+        inherited = float(np.mean([state.sigmas[p] for p in spec.parents]))
         if spec.op == ELITE:
-            assert spec.sigma == state["sigmas"][spec.parents[0]]
+            assert spec.sigma == state.sigmas[spec.parents[0]]
             continue
         assert spec.sigma > 0
         if spec.op == CROSSOVER:
@@ -522,14 +526,14 @@ def test_self_adaptive_scales(self_adaptive):
             assert spec.sigma == pytest.approx(inherited, rel=1e-12)
         # the member is mutated with its own scale
         child = ga.materialise(payload, spec)
-        first = state["pool"][spec.parents[0]]
+        first = state.pool[spec.parents[0]]
         if spec.op == CROSSOVER:
-            first = CROSSOVERS[cfg.crossover](first, state["pool"][spec.parents[1]], spec.seed)
+            first = CROSSOVERS[cfg.crossover](first, state.pool[spec.parents[1]], spec.seed)
         for k in child:
             want = first[k] + spec.sigma * gaussian(noise_key(spec.seed, "mutation", k), tuple(first[k].shape))
             assert torch.equal(child[k], want)
     if self_adaptive:
-        log_steps = [math.log(s.sigma / state["sigmas"][s.parents[0]]) for s in specs if s.op == MUTATE]
+        log_steps = [math.log(s.sigma / state.sigmas[s.parents[0]]) for s in specs if s.op == MUTATE]
         assert abs(np.std(log_steps) - 0.2) < 0.1
 
 
@@ -554,25 +558,25 @@ def test_lineage_records():
             assert {"id", "parents", "op", "generation", "fitness", "survived"} <= set(r)
             assert r["generation"] == generation and r["op"] == spec.op and r["fitness"] == float(fitness[spec.index])
             if spec.op == ELITE:
-                assert r["id"] == state["ids"][spec.parents[0]]  # the elite keeps the id of the member it carries
+                assert r["id"] == state.ids[spec.parents[0]]  # the elite keeps the id of the member it carries
                 assert r["parents"] == []
             else:
                 assert r["id"] == f"g{generation}-{spec.index:02d}-{spec.op}"
                 assert re.fullmatch(r"g\d+-\d{2}-(mutate|crossover)", r["id"])
                 assert r["id"] not in seen_ids
-                assert r["parents"] == [state["ids"][p] for p in spec.parents]
+                assert r["parents"] == [state.ids[p] for p in spec.parents]
                 assert len(r["parents"]) == (2 if spec.op == CROSSOVER else 1)
         survived = [r for r in records if r["survived"]]
         assert len(survived) == cfg.parents
-        assert {r["id"] for r in survived} == set(new_state["ids"])
+        assert {r["id"] for r in survived} == set(new_state.ids)
         best_first = sorted(survived, key=lambda r: (-r["fitness"], r["index"]))
-        assert [r["id"] for r in best_first] == new_state["ids"]
+        assert [r["id"] for r in best_first] == new_state.ids
         assert min(r["fitness"] for r in survived) >= max(r["fitness"] for r in records if not r["survived"])
         seen_ids.update(ids)
 
     ga, state = run_ga(cfg, 4, objective, random_adapter(0, scale=0.3), hook=hook)
     assert generations == [1, 2, 3, 4]
-    assert ga.initial_state(random_adapter(0))["ids"] == ["g0-00-init"]
+    assert ga.start(random_adapter(0)).ids == ["g0-00-init"]
     assert GASpec(0, 3, MUTATE, (0,), 1, 0.1).label == "g1-03-mutate"
 
 
@@ -611,7 +615,7 @@ def test_seed_encoding_without_crossover_is_valid():
 
 
 def test_nan_fitness_never_survives():
-    from evora.config.schema import GAConfig
+    from evora.strategies.ga import GAConfig
     from evora.strategies.ga import GeneticAlgorithm
 
     ga = GeneticAlgorithm(GAConfig(population=3, keep_top=1, parents=2), run_seed=0)

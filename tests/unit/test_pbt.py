@@ -16,11 +16,12 @@ from evora.lora.layout import build_layout
 from evora.lora.noise import gaussian, noise_key
 from evora.lora.peft_io import save_adapter
 from evora.lora.resize import resize_adapter, truncate_product
-from evora.tune.pbt import (
+from evora.strategies.pbt.runner import (
     TRIALS_FILE, TrialContext, converged, generation_records, layout_for, read_trials, starting_point,
     training_pairs)
-from evora.tune.sft import LoraSFT, TrainSettings, batch_of, lr_at
-from evora.tune.space import KEYS, explore, member_id, module_sets, sample
+from evora.tracking.compute import Spend
+from evora.training.lora_sft import LoraSFT, TrainSettings, batch_of, lr_at
+from evora.strategies.pbt.space import KEYS, explore, member_id, module_sets, sample
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +249,7 @@ def test_convergence_flag_is_under_one_percent_over_five_generations():
 
 
 def test_trials_reduce_to_one_record_per_generation(tmp_path):
-    rows = [{"trial": "a", "generation": 1, "fitness": 0.1, "accuracy": 0.2, "member": "ma"},
+    rows = [{"trial": "a", "generation": 1, "fitness": 0.1, "accuracy": 0.2, "member": "ma", "tokens_trained": 10},
             {"trial": "b", "generation": 1, "fitness": 0.3, "accuracy": 0.4, "member": "mb"},
             {"trial": "a", "generation": 2, "fitness": 0.0, "accuracy": 0.1, "member": "ma"},
             {"trial": "a", "generation": 2, "fitness": 0.5, "accuracy": 0.6, "member": "ma"},  # resumed: repeats
@@ -256,8 +257,11 @@ def test_trials_reduce_to_one_record_per_generation(tmp_path):
     (tmp_path / TRIALS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     trials = read_trials(tmp_path)
     assert len(trials) == 4 and trials[2]["fitness"] == 0.5
-    records = generation_records(trials)
+    records = generation_records(trials, 1000, Spend(tokens_generated=100))
     assert [r["generation"] for r in records] == [1, 2]
+    # compute: 6 P T for training, and the scoring (2 P T) shared out evenly over the generations
+    assert records[0]["flops"] == 6 * 1000 * 10 + 2 * 1000 * 100 / 2
+    assert records[1]["cumulative_flops"] == records[0]["flops"] + 2 * 1000 * 100 / 2
     assert records[1]["fitness_max"] == 0.5 and records[1]["best_member"] == "ma"
     assert records[0]["fitness_median"] == pytest.approx(0.2) and records[0]["trials"] == 2
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import make_summary
 
 from evora import runs
 from evora.cli import main
@@ -24,7 +25,7 @@ def _run(root: Path, name: str, state: str, mtime: int) -> Path:
     (run / "metrics.jsonl").write_text("".join(json.dumps({"generation": g, "reward_mean": 0.5}) + "\n"
                                                for g in range(4)))
     if state == "finished":
-        (run / "eval" / "summary.json").write_text(json.dumps({"base_heldout": 0.5, "best_heldout": 0.9}))
+        (run / "eval" / "summary.json").write_text(json.dumps(make_summary(0.5, 0.9)))
     if state == "running":
         (run / "run.lock").write_text(f"{os.getpid()}\n")  # this test process: alive
     os.utime(run, (mtime, mtime))
@@ -94,7 +95,7 @@ def test_list_and_show_print(root: Path, capsys):
     assert "2026-01-04_d" in out and "running" in out and "3/30" in out
     main(["runs", "show", str(root / "2026-01-01_a")])
     out = capsys.readouterr().out
-    assert "finished" in out and '"best_heldout": 0.9' in out and '"generation": 3' in out
+    assert "finished" in out and '"reward": 0.9' in out and '"generation": 3' in out
 
 
 def test_errors_are_one_line_exit_2(tmp_path: Path, capsys):

@@ -1,4 +1,4 @@
-"""The hyperparameter search of seed 000's LoRALab: members, initial sampling, and the
+"""The LoRALab-style hyperparameter search: members, initial sampling, and the
 explore step applied when a member is cloned. Pure: no Ray here.
 
 Explore changes each hyperparameter with probability `mutation_probability`:
@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from evora.config.schema import PBTConfig
+from evora.strategies.pbt.config import PBTConfig
 
 KEYS = ("rank", "alpha_multiplier", "learning_rate", "dropout", "target_modules")
 
@@ -29,7 +29,7 @@ def modules_of(option: str) -> list[str]:
 
 
 def member_id(config: dict[str, Any], generation: int) -> str:
-    """Seed 000's variant id: r{rank}_lr{learning rate}_d{dropout}_g{generation}."""
+    """LoRALab's variant id: r{rank}_lr{learning rate}_d{dropout}_g{generation}."""
     rate = f"{config['learning_rate']:.2g}".replace("e-0", "e-").replace("e+0", "e+")
     return f"r{config['rank']}_lr{rate}_d{config['dropout']}_g{generation}"
 

@@ -1,4 +1,4 @@
-"""A genetic algorithm over LoRA adapters (seeds 000 and 004, made distributed).
+"""A genetic algorithm over LoRA adapters (the LoRALab and GPT-2 GA designs, made distributed).
 
 Each generation: the `keep_top` best members of the last generation come back unchanged
 (elites), and the rest are offspring of the `parents` best, picked by truncation or
@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
-from evora.config.schema import GAConfig
 from evora.lora.noise import noise_key
-from evora.strategies.base import Tensors
-from evora.strategies.operators import CROSSOVERS, mutate
+from evora.strategies.adapter_init import initial_adapter, noise_scales
+from evora.strategies.ga.config import GAConfig
+from evora.strategies.ga.operators import CROSSOVERS, mutate
+from evora.strategies.protocol import GenerationResults, StrategyContext, Tensors, Told, clone_tensors
 
 ELITE, MUTATE, CROSSOVER, INIT = "elite", "mutate", "crossover", "init"
 
@@ -45,47 +46,72 @@ def member_id(born: int, index: int, op: str) -> str:
     return f"g{born}-{index:02d}-{op}"
 
 
-class GeneticAlgorithm:
-    center_name = "elite"
+@dataclass
+class GAState:
+    """The parents of the next generation, best first."""
 
-    def __init__(self, cfg: GAConfig, run_seed: int, noise_scales: dict[str, float] | None = None):
+    STATE_VERSION: ClassVar[int] = 1
+    pool: list[Tensors]  # their adapters (with encoding=seeds: rebuilt from base + chains on the workers)
+    ids: list[str]
+    fitness: list[float]
+    sigmas: list[float]  # each one's mutation scale
+    noise_scales: dict[str, float] = field(default_factory=dict)
+    base: Tensors | None = None  # encoding=seeds: the initial adapter every chain starts from
+    chains: list[list[list[float]]] | None = None  # encoding=seeds: [(seed, sigma), ...] per parent
+
+
+@dataclass(frozen=True)
+class GAPayload:
+    generation: int
+    noise_scales: dict[str, float]
+    pool: list[Tensors] | None = None  # encoding=tensors
+    base: Tensors | None = None  # encoding=seeds
+    chains: list[list[list[float]]] | None = None
+
+
+class GeneticAlgorithm:
+    state_type = GAState
+
+    def __init__(self, cfg: GAConfig, run_seed: int):
         self.cfg = cfg
         self.run_seed = run_seed
-        self.noise_scales = dict(noise_scales or {})
 
     # --- state ----------------------------------------------------------------------
 
-    def initial_state(self, adapter: Tensors) -> dict[str, Any]:
-        initial = {k: v.detach().float().clone() for k, v in adapter.items()}
-        state: dict[str, Any] = {"pool": [initial], "ids": [member_id(0, 0, INIT)], "fitness": [float("nan")],
-                                 "sigmas": [self.cfg.mutation_scale]}
+    def initial_state(self, context: StrategyContext) -> GAState:
+        return self.start(initial_adapter(self.cfg, context), noise_scales(self.cfg, context))
+
+    def start(self, adapter: Tensors, scales: dict[str, float] | None = None) -> GAState:
+        initial = clone_tensors(adapter)
+        state = GAState(pool=[initial], ids=[member_id(0, 0, INIT)], fitness=[float("nan")],
+                        sigmas=[self.cfg.mutation_scale], noise_scales=dict(scales or {}))
         if self.cfg.encoding == "seeds":
-            state.update(base=initial, chains=[[]])
+            state.base, state.chains = initial, [[]]
         return state
 
-    def center(self, state: dict[str, Any]) -> Tensors:
-        return state["pool"][0]  # the best member of the last generation
+    def center(self, state: GAState) -> Tensors:
+        return state.pool[0]  # the best member of the last generation
 
-    def _payload(self, state: dict[str, Any], generation: int) -> dict[str, Any]:
+    def _payload(self, state: GAState, generation: int) -> GAPayload:
         if self.cfg.encoding == "seeds":
-            return {"generation": generation, "base": state["base"], "chains": state["chains"]}
-        return {"generation": generation, "pool": state["pool"]}
+            return GAPayload(generation, state.noise_scales, base=state.base, chains=state.chains)
+        return GAPayload(generation, state.noise_scales, pool=state.pool)
 
     # --- ask --------------------------------------------------------------------------
 
-    def ask(self, state: dict[str, Any], generation: int) -> tuple[list[GASpec], dict[str, Any]]:
+    def ask(self, state: GAState, generation: int) -> tuple[list[GASpec], GAPayload]:
         rng = random.Random(noise_key(self.run_seed, "ga-ask", generation))
-        pool_size, cfg = len(state["pool"]), self.cfg
-        specs = [GASpec(generation, i, ELITE, (i,), 0, state["sigmas"][i]) for i in range(min(cfg.keep_top, pool_size))]
+        pool_size, cfg = len(state.pool), self.cfg
+        specs = [GASpec(generation, i, ELITE, (i,), 0, state.sigmas[i]) for i in range(min(cfg.keep_top, pool_size))]
         for index in range(len(specs), cfg.population):
             if pool_size >= 2 and rng.random() < cfg.crossover_rate:
-                first = self._select(rng, state["fitness"])
-                second = self._select(rng, state["fitness"], exclude=first)
+                first = self._select(rng, state.fitness)
+                second = self._select(rng, state.fitness, exclude=first)
                 parents = (first, second)
-                op, sigma = CROSSOVER, (state["sigmas"][first] + state["sigmas"][second]) / 2
+                op, sigma = CROSSOVER, (state.sigmas[first] + state.sigmas[second]) / 2
             else:
-                parents = (self._select(rng, state["fitness"]),)
-                op, sigma = MUTATE, state["sigmas"][parents[0]]
+                parents = (self._select(rng, state.fitness),)
+                op, sigma = MUTATE, state.sigmas[parents[0]]
             if cfg.self_adaptive:
                 sigma *= math.exp(cfg.adaptation_rate * rng.gauss(0.0, 1.0))
             seed = noise_key(self.run_seed, "ga", generation, index)
@@ -104,21 +130,21 @@ class GeneticAlgorithm:
 
     # --- materialise ------------------------------------------------------------------
 
-    def _parent(self, payload: dict[str, Any], position: int) -> Tensors:
-        if "pool" in payload:
-            return payload["pool"][position]
-        member = payload["base"]
-        for seed, sigma in payload["chains"][position]:
-            member = mutate(member, seed, sigma, self.cfg.mutation_rate, self.noise_scales)
+    def _parent(self, payload: GAPayload, position: int) -> Tensors:
+        if payload.pool is not None:
+            return payload.pool[position]
+        member = payload.base
+        for seed, sigma in payload.chains[position]:
+            member = mutate(member, seed, sigma, self.cfg.mutation_rate, payload.noise_scales)
         return member
 
-    def materialise(self, payload: dict[str, Any], spec: GASpec) -> Tensors:
+    def materialise(self, payload: GAPayload, spec: GASpec) -> Tensors:
         first = self._parent(payload, spec.parents[0])
         if spec.op == ELITE:
             return first
         if spec.op == CROSSOVER:
             first = CROSSOVERS[self.cfg.crossover](first, self._parent(payload, spec.parents[1]), spec.seed)
-        return mutate(first, spec.seed, spec.sigma, self.cfg.mutation_rate, self.noise_scales)
+        return mutate(first, spec.seed, spec.sigma, self.cfg.mutation_rate, payload.noise_scales)
 
     # --- tell -------------------------------------------------------------------------
 
@@ -127,39 +153,36 @@ class GeneticAlgorithm:
         score = [float(f) if not math.isnan(f) else -math.inf for f in fitness]  # NaN never survives
         return sorted(range(len(score)), key=lambda i: (-score[i], i))[:self.cfg.parents]
 
-    def tell(self, state: dict[str, Any], specs: list[GASpec], fitness: np.ndarray
-             ) -> tuple[dict[str, Any], dict[str, float]]:
+    def tell(self, state: GAState, specs: list[GASpec], results: GenerationResults) -> Told:
         if [s.index for s in specs] != list(range(len(specs))):
             raise ValueError("specs must be the whole population in index order")
+        fitness = results.fitness
         keep = self.survivors(fitness)
         payload = self._payload(state, specs[0].generation)
-        new_state: dict[str, Any] = {
-            "pool": [self.materialise(payload, specs[i]) for i in keep],
-            "ids": [specs[i].label if specs[i].op != ELITE else state["ids"][specs[i].parents[0]] for i in keep],
-            "fitness": [float(fitness[i]) for i in keep],
-            "sigmas": [specs[i].sigma for i in keep],
-        }
+        new = GAState(
+            pool=[self.materialise(payload, specs[i]) for i in keep],
+            ids=[specs[i].label if specs[i].op != ELITE else state.ids[specs[i].parents[0]] for i in keep],
+            fitness=[float(fitness[i]) for i in keep], sigmas=[specs[i].sigma for i in keep],
+            noise_scales=state.noise_scales)
         if self.cfg.encoding == "seeds":
-            new_state["base"] = state["base"]
-            new_state["chains"] = [self._chain(state, specs[i]) for i in keep]
-        stats = {"best_fitness": float(fitness[keep[0]]), "parents_fitness_mean": float(np.mean(new_state["fitness"])),
-                 "mutation_scale_mean": float(np.mean(new_state["sigmas"]))}
-        return new_state, stats
+            new.base, new.chains = state.base, [self._chain(state, specs[i]) for i in keep]
+        stats = {"best_fitness": float(fitness[keep[0]]), "parents_fitness_mean": float(np.mean(new.fitness)),
+                 "mutation_scale_mean": float(np.mean(new.sigmas))}
+        return Told(new, stats, self.lineage(state, specs, fitness, new))
 
     @staticmethod
-    def _chain(state: dict[str, Any], spec: GASpec) -> list[list[float]]:
-        parent_chain = state["chains"][spec.parents[0]]
+    def _chain(state: GAState, spec: GASpec) -> list[list[float]]:
+        parent_chain = state.chains[spec.parents[0]]
         return parent_chain if spec.op == ELITE else [*parent_chain, [spec.seed, spec.sigma]]
 
-    def lineage(self, state: dict[str, Any], specs: list[GASpec], fitness: np.ndarray,
-                new_state: dict[str, Any]) -> list[dict[str, Any]]:
+    def lineage(self, state: GAState, specs: list[GASpec], fitness: np.ndarray, new: GAState) -> list[dict[str, Any]]:
         """One family-tree record per member: id, parents, operator, fitness, survived."""
-        survived = set(new_state["ids"])
+        survived = set(new.ids)
         records = []
         for spec in specs:
-            ident = state["ids"][spec.parents[0]] if spec.op == ELITE else spec.label
+            ident = state.ids[spec.parents[0]] if spec.op == ELITE else spec.label
             records.append({"generation": spec.generation + 1, "id": ident, "index": spec.index, "op": spec.op,
-                            "parents": [state["ids"][p] for p in spec.parents] if spec.op != ELITE else [],
+                            "parents": [state.ids[p] for p in spec.parents] if spec.op != ELITE else [],
                             "fitness": float(fitness[spec.index]), "mutation_scale": spec.sigma,
                             "survived": ident in survived})
         return records

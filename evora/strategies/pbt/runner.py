@@ -1,12 +1,12 @@
-"""strategy=pbt: seed 000's hyperparameter GA, distributed as Ray Tune population-based
-training (synchronous: every generation, all members train, then the bottom fraction
+"""strategy=pbt's runner: the LoRALab-style hyperparameter GA, distributed as Ray Tune
+population-based training (synchronous: every generation, all members train, then the bottom fraction
 clones the top fraction and explores).
 
 A trial trains its LoRA by gradient descent (`sft.py`) for `steps_per_generation` steps,
 then is scored by the run's engine workers (one shared EvaluationService actor, so
 trials do not each load an inference engine) on the selection split: accuracy,
 perplexity of the reference answers and the composite fitness. Exploit copies the
-parent's checkpoint; explore follows seed 000's rules (`space.py`); a changed rank
+parent's checkpoint; explore follows LoRALab's rules (`space.py`); a changed rank
 resizes the copied adapter by truncated SVD or zero-padding (`lora/resize.py`).
 """
 
@@ -19,6 +19,7 @@ import random
 import statistics
 import warnings
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,24 +32,26 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining
 from ray.tune.search.basic_variant import BasicVariantGenerator
 
-from evora.analysis.comparison import build_report, write_reports
 from evora.config.schema import RunConfig
 from evora.distributed.evaluate import EvaluationService
-from evora.distributed.worker import WorkerSpec, load_tokenizer
+from evora.distributed.finish import Outcome, final_event, report_against_base, write_run_summary
+from evora.distributed.ray_session import init_ray
+from evora.distributed.worker import engine_spec, load_tokenizer, worker_spec
 from evora.errors import ConfigError
 from evora.lora.layout import AdapterLayout, build_layout, linear_shapes_of_model
 from evora.lora.noise import noise_key
 from evora.lora.peft_io import load_adapter_tensors, save_adapter
 from evora.lora.resize import resize_adapter
 from evora.models import locate_model
-from evora.strategies.base import BASE, CENTER
+from evora.models.parameters import count_parameters
+from evora.strategies.pbt.space import KEYS, explore, member_id, module_sets, modules_of, sample
 from evora.tasks import build_task
 from evora.tasks.fitness import parse_fitness
 from evora.tasks.prompts import PromptRenderer
+from evora.tracking.compute import ComputeLedger, Spend
 from evora.tracking.metrics import read_trials
-from evora.tracking.run_dir import LINEAGE_FILE, METRICS_FILE, TRIALS_FILE, write_config
-from evora.tune.space import KEYS, explore, member_id, module_sets, modules_of, sample
-from evora.tune.sft import LoraSFT, TrainSettings
+from evora.tracking.run_dir import LINEAGE_FILE, METRICS_FILE, TRIALS_FILE, run_tag, write_config
+from evora.training.lora_sft import LoraSFT, TrainSettings
 
 EXPERIMENT = "pbt"
 
@@ -94,7 +97,7 @@ def starting_point(folder: Path | None, hp: dict[str, Any], trial_id: str, conte
 
 def training_pairs(run: RunConfig, model_path: str) -> tuple[list[tuple[list[int], list[int]]], int]:
     task = build_task(run.task, run.seed)
-    tokenizer = load_tokenizer(run, model_path)
+    tokenizer = load_tokenizer(engine_spec(run, model_path))
     renderer = PromptRenderer(tokenizer, run.task.prompt_format, task.plain_template, run.task.system_prompt)
     pairs = [(renderer.ids(e), renderer.target_ids(e)) for e in task.splits().train]
     return pairs, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -118,6 +121,7 @@ def pbt_trial(config: dict[str, Any], context: TrialContext) -> None:
     service, layout, fitness = ray.get_actor(context.service), layout_for(hp, context), parse_fitness(space.fitness)
     member, generation = start.member or member_id(hp, start.generation), start.generation
     while generation < run.generations:
+        trained_before = trainer.tokens_trained
         loss = trainer.train(space.steps_per_generation)
         generation += 1
         adapter = trainer.adapter()
@@ -127,12 +131,13 @@ def pbt_trial(config: dict[str, Any], context: TrialContext) -> None:
             torch.save({"trial": trial_id, "member": member, "parent": start.parent, "generation": generation,
                         "hp": hp, **trainer.state()}, Path(folder) / "trainer.pt")
             tune.report({"fitness": fitness(metrics), **metrics, "loss": loss, "generation": generation,
-                         "member": member, "parent": start.parent, "step": trainer.step},
+                         "member": member, "parent": start.parent, "step": trainer.step,
+                         "tokens_trained": trainer.tokens_trained - trained_before},
                         checkpoint=tune.Checkpoint.from_directory(folder))
 
 
 class LoraLabPBT(PopulationBasedTraining):
-    """Ray's PBT with seed 000's explore step, and every exploit written to lineage.jsonl."""
+    """Ray's PBT with LoRALab's explore step, and every exploit written to lineage.jsonl."""
 
     def __init__(self, space: Any, run_dir: str, seed: int, **kwargs: Any):
         mutations = {"rank": list(space.ranks), "alpha_multiplier": list(space.alpha_multipliers),
@@ -181,7 +186,8 @@ class TrialLog(Callback):
         self.path, self.generations, self.quiet = str(Path(run_dir) / TRIALS_FILE), generations, quiet
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        keys = ("generation", "member", "parent", "fitness", "reward", "accuracy", "perplexity", "loss", "step")
+        keys = ("generation", "member", "parent", "fitness", "reward", "accuracy", "perplexity", "loss", "step",
+                "tokens_trained")
         record = {"trial": trial.trial_id, **{k: result.get(k) for k in keys},
                   **{k: trial.config[k] for k in KEYS}}
         with open(self.path, "a") as handle:
@@ -192,22 +198,30 @@ class TrialLog(Callback):
                   f"  loss {record['loss']:.3f}", flush=True)
 
 
-def generation_records(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """metrics.jsonl: one line per generation, over the trials that reported it."""
-    records = []
-    for generation in sorted({t["generation"] for t in trials}):
+def generation_records(trials: list[dict[str, Any]], parameters: int, scoring: Spend) -> list[dict[str, Any]]:
+    """metrics.jsonl: one line per generation, over the trials that reported it, with its compute:
+    training 6 x P x tokens trained, and the members' scoring (every member is scored on the same
+    split every generation, so the scoring total is shared out evenly)."""
+    generations = sorted({t["generation"] for t in trials})
+    scoring_flops = scoring.flops(parameters)["flops"] / max(len(generations), 1)
+    records, cumulative = [], 0.0
+    for generation in generations:
         rows = [t for t in trials if t["generation"] == generation]
         fitness = [t["fitness"] for t in rows]
         best = max(rows, key=lambda t: t["fitness"])
+        trained = sum(t.get("tokens_trained") or 0 for t in rows)
+        flops = 6.0 * parameters * trained + scoring_flops
+        cumulative += flops
         records.append({"generation": generation, "fitness_max": max(fitness),
                         "fitness_median": statistics.median(fitness), "fitness_min": min(fitness),
                         "accuracy_max": max(t["accuracy"] for t in rows), "best_member": best["member"],
-                        "trials": len(rows)})
+                        "trials": len(rows), "tokens_trained": trained, "flops": flops,
+                        "cumulative_flops": cumulative})
     return records
 
 
 def converged(best_by_generation: list[float], window: int = 5, threshold: float = 0.01) -> bool | None:
-    """Seed 000's convergence flag: the best fitness improved by less than 1% over the last
+    """LoRALab's convergence flag: the best fitness improved by less than 1% over the last
     5 generations (reported, never used to stop). None with too few generations."""
     if len(best_by_generation) <= window:
         return None
@@ -250,20 +264,20 @@ def _tuner(run: RunConfig, run_dir: Path, context: TrialContext, restore: bool) 
                                                 callbacks=callbacks, verbose=0))
 
 
-def _service(run: RunConfig, run_dir: Path, model_path: str, shapes: dict, name: str) -> Any:
+def _service(run: RunConfig, model_path: str, shapes: dict, name: str) -> Any:
     """The shared EvaluationService; its engines accept the largest rank of the search space."""
     from dataclasses import replace
 
     # num_workers=null means one engine per GPU for es/ga; here trials train on the GPUs, so one engine.
-    widest = replace(run, lora=replace(run.lora, rank=max(run.strategy.ranks)),
-                     hardware=replace(run.hardware, num_workers=run.hardware.num_workers or 1))
-    layout = build_layout(shapes, rank=widest.lora.rank, alpha=widest.lora.rank,
+    hardware = replace(run.hardware, num_workers=run.hardware.num_workers or 1)
+    widest = max(run.strategy.ranks)
+    layout = build_layout(shapes, rank=widest, alpha=widest,
                           target_modules=sorted({m for ts in run.strategy.target_modules for m in ts}),
                           layers=run.lora.layers, base_model=model_path)
     splits = build_task(run.task, run.seed).splits()
     sizes = {name_: len(splits.get(name_)) for name_ in ("train", "selection", "heldout")}
-    return ray.remote(EvaluationService).options(name=name, num_cpus=0).remote(
-        WorkerSpec(widest, model_path, layout, {}, name.rsplit("-", 1)[-1]), sizes)
+    spec = worker_spec(run, model_path, layout, name.rsplit("-", 1)[-1], with_strategy=False, max_lora_rank=widest)
+    return ray.remote(EvaluationService).options(name=name, num_cpus=0).remote(spec, hardware, sizes)
 
 
 def check_trial_resources(run: RunConfig) -> None:
@@ -285,10 +299,8 @@ def quiet_tune() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def run_pbt(run: RunConfig, run_dir: str, on_summary: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    from evora.distributed.driver import run_tag
-    from evora.distributed.launch import init_ray
-
+def run_pbt(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    started = time.perf_counter()
     quiet_tune()
     random.seed(noise_key(run.seed, "pbt-scheduler"))  # Ray's PBT picks whom to clone with `random`
     folder = Path(run_dir)
@@ -300,24 +312,30 @@ def run_pbt(run: RunConfig, run_dir: str, on_summary: Callable[[dict[str, Any]],
     shapes = linear_shapes_of_model(model_path, revision=run.model.revision,
                                     trust_remote_code=run.model.trust_remote_code)
     name = f"evora-eval-{run_tag(run_dir)}"
-    service = _service(run, folder, model_path, shapes, name)
+    service = _service(run, model_path, shapes, name)
     # Engines first: trials started earlier could take the CPUs/GPUs the engine workers need.
-    ray.get(service.workers.remote())
+    workers = ray.get(service.workers.remote())
     check_trial_resources(run)
     context = TrialContext(run, model_path, name, shapes)
-    on_summary({"kind": "pbt-start", "population": run.strategy.population, "generations": run.generations,
-                "resumed": restore})
+    on_event({"kind": "start", "strategy": "pbt", "population": run.strategy.population,
+              "generations": run.generations, "start": 0, "workers": workers, "resumed": restore,
+              "base_heldout": None, "adapter_parameters": None, "setup_seconds": time.perf_counter() - started})
+    ledger = ComputeLedger(count_parameters(model_path, run.model.revision, run.model.trust_remote_code))
+    ledger.add_seconds("setup", time.perf_counter() - started)
     try:
+        searched = time.perf_counter()
         results = _tuner(run, folder, context, restore).fit()
-        return _finish(run, folder, context, service, results, on_summary)
+        ledger.add_seconds("search", time.perf_counter() - searched)
+        final = _finish(run, folder, context, service, results, ledger)
+        on_event(final)
+        return final
     finally:
         ray.get(service.shutdown.remote())
         ray.kill(service)
 
 
-def _finish(run: RunConfig, folder: Path, context: TrialContext, service: Any, results: Any,
-            on_summary: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Best adapter, every member's final held-out fitness, the base comparison, summaries."""
+def _members(run: RunConfig, context: TrialContext, service: Any, results: Any) -> list[dict[str, Any]]:
+    """Every member's last checkpoint and its held-out metrics."""
     if results.errors:
         raise RuntimeError(f"{len(results.errors)} PBT member(s) failed; the first: {results.errors[0]}")
     fitness = parse_fitness(run.strategy.fitness)
@@ -329,28 +347,40 @@ def _finish(run: RunConfig, folder: Path, context: TrialContext, service: Any, r
             meta = torch.load(Path(directory) / "trainer.pt", map_location="cpu", weights_only=True)
             adapter = load_adapter_tensors(Path(directory) / "adapter")
         layout = layout_for(meta["hp"], context)
-        heldout = ray.get(service.metrics.remote(adapter, layout, "heldout"))
+        heldout = ray.get(service.metrics.remote(adapter, layout, "heldout", bucket="evaluation"))
         members.append({"member": meta["member"], "hp": meta["hp"], "selection_fitness": result.metrics["fitness"],
-                        "heldout_fitness": fitness(heldout), "heldout": heldout, "adapter": adapter,
-                        "layout": layout})
+                        "heldout": {**heldout, "fitness": fitness(heldout)}, "adapter": adapter, "layout": layout})
+    return members
+
+
+def _finish(run: RunConfig, folder: Path, context: TrialContext, service: Any, results: Any,
+            ledger: ComputeLedger) -> dict[str, Any]:
+    """Best member's adapter, every member's held-out fitness, the base comparison, the summary."""
+    started = time.perf_counter()
+    members = _members(run, context, service, results)
     best = max(members, key=lambda m: m["selection_fitness"])  # chosen without looking at held-out
     save_adapter(folder / "adapters" / "best", best["adapter"], best["layout"])
-    outcomes = ray.get(service.evaluate.remote(best["adapter"], best["layout"], "heldout", with_base=True,
-                                               keep_texts=True))
     examples = build_task(run.task, run.seed).splits().heldout
-    report = build_report(examples, outcomes[CENTER], outcomes[BASE], task=run.task.name, split="heldout",
-                          adapter_name="adapters/best")
-    write_reports(report, folder / "eval", stem="best_vs_base")
-    generations = generation_records(read_trials(folder))
+    report = report_against_base(
+        lambda theta, layout, ops: ray.get(service.evaluate.remote(theta, layout, "heldout", with_base=True,
+                                                                   keep_texts=True, bucket="evaluation")),
+        best["adapter"], best["layout"], examples, task=run.task.name,
+                                 split="heldout", adapter_name="adapters/best", out_dir=folder / "eval",
+                                 stem="best_vs_base")
+    fitness = parse_fitness(run.strategy.fitness)
+    base = {**report["base_metrics"], "fitness": fitness(report["base_metrics"])}
+    ledger.search.add(ray.get(service.spend.remote("search")))
+    ledger.search.tokens_trained += sum(t.get("tokens_trained") or 0 for t in read_trials(folder))
+    ledger.evaluation.add(ray.get(service.spend.remote("evaluation")))
+    generations = generation_records(read_trials(folder), ledger.parameters, ray.get(service.spend.remote("search")))
     (folder / METRICS_FILE).write_text("".join(json.dumps(g) + "\n" for g in generations))
-    base = {**outcomes[BASE].metrics(), "fitness": fitness(outcomes[BASE].metrics())}
-    summary = {"strategy": "pbt", "best_member": best["member"], "best_hyperparameters": best["hp"],
-               "best_heldout_fitness": best["heldout_fitness"], "best_heldout": best["heldout"],
-               "base_heldout": base, "median_trial_heldout_fitness": statistics.median(
-                   m["heldout_fitness"] for m in members),
-               "trials": {m["member"]: m["heldout_fitness"] for m in members},
-               "converged": converged([g["fitness_max"] for g in generations]), "best_vs_base": report["counts"]}
-    (folder / "eval" / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    final = {"kind": "pbt-final", **summary, "run_dir": str(folder)}
-    on_summary(final)
-    return final
+    ledger.add_seconds("evaluation", time.perf_counter() - started)
+    details = {"best_hyperparameters": best["hp"], "converged": converged([g["fitness_max"] for g in generations]),
+               "median_member_heldout_fitness": statistics.median(m["heldout"]["fitness"] for m in members),
+               "members": {m["member"]: m["heldout"]["fitness"] for m in members}}
+    summary = write_run_summary(
+        folder, strategy="pbt", generations=run.generations, center=None,
+        outcome=Outcome(base, None, best["heldout"], None, best["member"], run.strategy.eval_split),
+        counts=report["counts"], adapters={"best": "adapters/best"},
+        compute=ledger.summary(sum(ledger.seconds.values())), details=details)
+    return final_event(summary, folder)

@@ -1,4 +1,4 @@
-"""LoRA supervised training of one PBT trial (PEFT + transformers): the task's train
+"""LoRA supervised training (PEFT + transformers), as a PBT member trains: the task's train
 split, prompt -> reference completion, loss on the completion only.
 
 AdamW with weight decay, gradient clipping, linear warm-up over the first warmup_ratio
@@ -65,6 +65,7 @@ class LoraSFT:
         from transformers import AutoModelForCausalLM
 
         self.hp, self.settings, self.pairs, self.pad_id, self.step = hyperparameters, settings, pairs, pad_id, step
+        self.tokens_trained = 0  # real (unpadded) tokens through forward and backward, for compute accounting
         self.device = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         rank = hyperparameters["rank"]
@@ -105,6 +106,7 @@ class LoraSFT:
             rng = random.Random(noise_key(self.settings.seed, "sft-batch", self.step))
             for _ in range(self.settings.gradient_accumulation):
                 ids, mask, labels = batch_of(rng.choices(self.pairs, k=self.settings.batch_size), self.pad_id)
+                self.tokens_trained += int(mask.sum())
                 with self._autocast():
                     loss = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                       labels=labels.to(self.device)).loss / self.settings.gradient_accumulation

@@ -1,0 +1,46 @@
+"""Starting (or joining) Ray for a run: a private loopback-only local Ray, a cluster at
+`hardware.address`, or the cluster a Ray job was submitted to."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+
+from evora.config.schema import RunConfig
+
+NAMESPACE = "evora"  # named actors (evora-driver-<tag>, evora-worker-<tag>-<i>) live here
+
+
+def init_ray(run: RunConfig) -> None:
+    if ray.is_initialized():
+        return  # a multirun's later jobs share the session
+    hw = run.hardware
+    options: dict[str, Any] = {"log_to_driver": run.tracking.worker_logs, "logging_level": logging.WARNING,
+                               "namespace": NAMESPACE}
+    # Token authentication stays on; only its every-run notice is kept off the console.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    if hw.address is not None:
+        ray.init(address=hw.address, **options)
+    elif os.environ.get("RAY_ADDRESS"):
+        ray.init(**options)  # submitted as a Ray job: join that cluster
+    else:  # a private local cluster on loopback; the dashboard only when asked for
+        loopback_only()
+        # "local": a new Ray of its own, never a cluster someone else started on this machine.
+        ray.init(address="local", include_dashboard=hw.dashboard, **options)
+
+
+def loopback_only() -> None:
+    """Make a local Ray advertise and bind 127.0.0.1 instead of the machine's address.
+
+    ray.init resolves "127.0.0.1" to the routable address (so `_node_ip_address` cannot
+    do it); with Ray's single-machine mode (the switch it uses on macOS and Windows) it
+    picks loopback, and its gRPC servers then listen on loopback only. The variable
+    reaches Ray's own processes; the constant covers this one, where Ray is imported.
+    """
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False

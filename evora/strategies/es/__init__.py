@@ -1,0 +1,13 @@
+"""strategy=es: evolution strategies over the LoRA tensors (Salimans et al. 2017; Qiu et al. 2025)."""
+
+from evora.strategies.es.config import ESConfig, check_es
+from evora.strategies.es.strategy import ESPayload, ESState, EvolutionStrategy
+from evora.strategies.registry import register_strategy
+
+register_strategy(
+    "es", config=ESConfig, summary="evolution strategies over the LoRA tensors (antithetic, z-score, SGD/Adam)",
+    validate=check_es, center="mean", report_keys=("population", "sigma", "lr", "antithetic", "shaping", "optimizer"),
+    console_keys=(("update_norm", "|update|"),),
+)(EvolutionStrategy)
+
+__all__ = ["ESConfig", "ESPayload", "ESState", "EvolutionStrategy"]

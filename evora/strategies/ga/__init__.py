@@ -1,0 +1,15 @@
+"""strategy=ga: a genetic algorithm over LoRA adapters (elitism, selection, pair-preserving
+crossover, seeded mutation)."""
+
+from evora.strategies.ga.config import GAConfig, check_ga
+from evora.strategies.ga.strategy import GAPayload, GASpec, GAState, GeneticAlgorithm
+from evora.strategies.registry import register_strategy
+
+register_strategy(
+    "ga", config=GAConfig, summary="genetic algorithm over the LoRA tensors (elitism, crossover, mutation)",
+    validate=check_ga, center="elite",
+    report_keys=("population", "keep_top", "parents", "selection", "crossover_rate", "mutation_scale"),
+    console_keys=(("best_fitness", "best"),),
+)(GeneticAlgorithm)
+
+__all__ = ["GAConfig", "GAPayload", "GASpec", "GAState", "GeneticAlgorithm"]

@@ -1,0 +1,56 @@
+"""strategy=ga: its config schema and the rules checked before Ray starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from evora.strategies.adapter_init import check_init
+from evora.strategies.checks import choice, require
+
+
+@dataclass(frozen=True)
+class GAConfig:
+    name: str = "ga"
+    population: int = 16
+    keep_top: int = 2  # elites carried unchanged into the next generation
+    parents: int = 4  # best members of a generation that may parent the next one (>= keep_top)
+    selection: str = "tournament"  # truncation | tournament (among the parents)
+    tournament_size: int = 2
+    crossover_rate: float = 0.2
+    crossover: str = "module"  # module | layer | blend
+    mutation_rate: float = 1.0  # chance that a module (its A and B) is mutated
+    mutation_scale: float = 0.01
+    self_adaptive: bool = False  # each member carries its own mutation scale
+    adaptation_rate: float = 0.2  # log-normal step of a self-adaptive scale
+    encoding: str = "tensors"  # tensors | seeds (a chain of mutation seeds; needs crossover_rate=0)
+    noise_scale: str = "uniform"  # uniform | per_layer
+    init: str = "random"  # random | path
+    init_a_std: Optional[float] = None
+    init_b_std: float = 0.0
+    init_path: Optional[str] = None
+
+
+def check_ga(ga: GAConfig, run: Any = None) -> None:
+    require(ga.population >= 2, "strategy.population", ga.population, "must be an integer >= 2")
+    require(1 <= ga.keep_top < ga.population, "strategy.keep_top", ga.keep_top,
+            f"must be in 1..strategy.population - 1 ({ga.population - 1}): elites leave room for offspring")
+    require(ga.keep_top <= ga.parents <= ga.population, "strategy.parents", ga.parents,
+            f"must be in strategy.keep_top..strategy.population ({ga.keep_top}..{ga.population})")
+    choice("strategy.selection", ga.selection, ("truncation", "tournament"))
+    require(1 <= ga.tournament_size <= ga.parents, "strategy.tournament_size", ga.tournament_size,
+            f"must be in 1..strategy.parents ({ga.parents})")
+    for key in ("crossover_rate", "mutation_rate"):
+        value = getattr(ga, key)
+        require(0 <= value <= 1, f"strategy.{key}", value, "must be in [0, 1]")
+    if ga.crossover_rate > 0:
+        require(ga.parents >= 2, "strategy.crossover_rate", ga.crossover_rate,
+                "crossover needs two parents: set strategy.parents >= 2 or strategy.crossover_rate=0")
+    choice("strategy.crossover", ga.crossover, ("module", "layer", "blend"))
+    require(ga.mutation_scale > 0, "strategy.mutation_scale", ga.mutation_scale, "must be > 0")
+    require(ga.adaptation_rate >= 0, "strategy.adaptation_rate", ga.adaptation_rate, "must be >= 0")
+    choice("strategy.encoding", ga.encoding, ("tensors", "seeds"))
+    if ga.encoding == "seeds":
+        require(ga.crossover_rate == 0, "strategy.encoding", ga.encoding,
+                "seeds (a chain of mutation seeds) needs strategy.crossover_rate=0")
+    check_init(ga)

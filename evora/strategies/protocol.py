@@ -1,0 +1,136 @@
+"""The strategy contract: specs, payloads, results and state, all typed plain data.
+
+    specs, payload = strategy.ask(state, generation)     # O(population) numbers + one payload
+    ... workers rebuild each candidate: strategy.materialise(payload, spec) ...
+    told = strategy.tell(state, specs, results)          # results: whole candidate x prompt matrices
+
+A candidate never crosses the network as weights: it is a spec a worker rebuilds exactly
+from the generation's payload. State is a dataclass of tensors, numbers, strings and
+lists of them, so a checkpoint stores it as it is (`state_fields` / `state_from_fields`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import torch
+
+from evora.lora.layout import AdapterLayout
+
+Tensors = dict[str, torch.Tensor]
+
+PERTURB = "perturb"  # payload + seeded noise
+CENTER = "center"  # the evaluation payload's adapter
+BASE = "base"  # no adapter: the base model
+
+
+@dataclass(frozen=True)
+class CandidateSpec:
+    """A candidate the loop asks workers to evaluate; strategies may define their own spec
+    types (the GA's carries parents), as long as they have `generation`, `index`, `op`, `label`."""
+
+    generation: int
+    index: int  # position in the population; results come back in this order
+    member: int = 0  # noise member id (the pair index when antithetic)
+    sign: int = 1
+    op: str = PERTURB
+
+    @property
+    def label(self) -> str:
+        if self.op != PERTURB:
+            return f"g{self.generation}-{self.op}"
+        return f"g{self.generation}-c{self.index}{'+' if self.sign > 0 else '-'}"
+
+
+@dataclass(frozen=True)
+class EvalPayload:
+    """What evaluation specs (BASE, CENTER) are rebuilt from: one adapter, and its layout
+    when it is not the run's (PBT members differ in rank and modules)."""
+
+    center: Tensors | None
+    layout: AdapterLayout | None = None
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """What a strategy may need to start: plain data, no engine."""
+
+    seed: int
+    layout: AdapterLayout
+    model_path: str  # local directory or hub id, for per-layer noise scales
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResults:
+    """Every candidate on every prompt of a generation; rows follow spec.index."""
+
+    generation: int
+    prompt_indices: tuple[int, ...]  # train-split indices, the columns
+    rewards: np.ndarray  # [candidates, prompts]
+    correct: np.ndarray  # [candidates, prompts], bool
+    tokens: np.ndarray  # [candidates, prompts], generated tokens
+    perplexity: np.ndarray | None  # [candidates, prompts] when the fitness needs it
+    fitness: np.ndarray  # [candidates]: task.fitness of the row means, non-finite values replaced
+
+
+@dataclass
+class Told:
+    """What `tell` returns: the next state, scalar statistics for the logging hooks, and
+    family-tree records (lineage.jsonl), if the strategy keeps one."""
+
+    state: Any
+    stats: dict[str, float]
+    lineage: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Strategy(Protocol):
+    state_type: ClassVar[type]  # the state dataclass; its STATE_VERSION is checked on resume
+
+    def initial_state(self, context: StrategyContext) -> Any: ...
+
+    def ask(self, state: Any, generation: int) -> tuple[list[Any], Any]:
+        """The generation's specs and its payload (sent once, via the object store)."""
+
+    def materialise(self, payload: Any, spec: Any) -> Tensors:
+        """A spec's adapter tensors (fp32), rebuilt from the payload."""
+
+    def tell(self, state: Any, specs: list[Any], results: GenerationResults) -> Told: ...
+
+    def center(self, state: Any) -> Tensors:
+        """The adapter the state stands for (ES: the mean), for evaluation and export."""
+
+
+def materialise(strategy: Strategy | None, payload: Any, spec: Any) -> Tensors | None:
+    """Any spec's adapter: None for BASE, the evaluation payload's for CENTER, else the strategy's."""
+    if spec.op == BASE:
+        return None
+    if spec.op == CENTER:
+        return payload.center
+    assert strategy is not None, "candidate specs need the run's strategy"
+    return strategy.materialise(payload, spec)
+
+
+def state_fields(state: Any) -> dict[str, Any]:
+    """A state dataclass as a dict of its fields (shallow: tensors are not copied)."""
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+
+
+def state_from_fields(state_type: type, fields: dict[str, Any]) -> Any:
+    return state_type(**fields)
+
+
+def clone_tensors(tensors: Tensors) -> Tensors:
+    return {k: v.detach().to(torch.float32).clone() for k, v in tensors.items()}
+
+
+def fitness_results(generation: int, fitness: np.ndarray) -> GenerationResults:
+    """Results that carry only a fitness vector (one prompt whose reward is the fitness):
+    for strategies driven by analytic objectives, as in the unit tests."""
+    fitness = np.asarray(fitness, dtype=np.float64)
+    column = fitness.reshape(-1, 1)
+    return GenerationResults(generation, (0,), column, column > 0, np.zeros_like(column, dtype=np.int64), None,
+                             fitness)

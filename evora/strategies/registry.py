@@ -1,0 +1,112 @@
+"""The strategy registry: the one place config, the run loop, the console and the
+reports learn what strategies exist.
+
+A strategy registers itself from its own folder (or from a user's module):
+
+    @register_strategy("es", config=ESConfig, summary="evolution strategies over the LoRA tensors",
+                       validate=check_es, center="mean")
+    class EvolutionStrategy: ...          # ask/tell (protocol.Strategy), run by the shared loop
+
+A strategy that runs a whole job itself (PBT on Ray Tune) names its runner instead, as
+"module:function", so that registering it imports no Ray:
+
+    register_strategy("pbt", config=PBTConfig, runner="evora.strategies.pbt.runner:run_pbt", ...)
+
+`strategy.name` may also be an import path, `mypkg.strategies:MyStrategy`, or the name of
+a Python entry point in the `evora.strategies` group; either is imported on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Callable, TypeVar
+
+from evora.errors import ConfigError
+
+ENTRY_POINT_GROUP = "evora.strategies"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    name: str
+    config: type  # frozen dataclass with a `name` field; Hydra composes conf/strategy/<name>.yaml onto it
+    summary: str  # one line for `evora --help`
+    strategy: type | None = None  # ask/tell class, built as strategy(config, run_seed)
+    runner: str | None = None  # "module:function(run, run_dir, on_event) -> final event" for job-level strategies
+    validate: Callable[[Any, Any], None] | None = None  # (strategy config, run config); raises ConfigError
+    center: str | None = None  # what the final adapter is called in the run folder (mean, elite)
+    report_keys: tuple[str, ...] = ()  # config keys the run report shows
+    console_keys: tuple[tuple[str, str], ...] = ()  # (metrics key, label) added to each generation line
+
+    def build(self, cfg: Any, run_seed: int) -> Any:
+        if self.strategy is None:
+            raise ConfigError(f"strategy={self.name}: runs as its own job, it has no ask/tell strategy")
+        return self.strategy(cfg, run_seed)
+
+    def run_function(self) -> Callable[..., Any] | None:
+        if self.runner is None:
+            return None
+        module, _, function = self.runner.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+_REGISTRY: dict[str, StrategyEntry] = {}
+
+
+def register_strategy(name: str, *, config: type, summary: str, runner: str | None = None,
+                      **fields: Any) -> Callable[[T], T]:
+    """Decorator for an ask/tell class; called as a statement when `runner` is given."""
+    if not dataclasses.is_dataclass(config) or "name" not in {f.name for f in dataclasses.fields(config)}:
+        raise TypeError(f"strategy {name}: config must be a dataclass with a `name` field")
+
+    def add(strategy: Any) -> Any:
+        _REGISTRY[name] = StrategyEntry(name, config, summary, strategy=strategy, runner=runner, **fields)
+        return strategy
+
+    if runner is not None:
+        add(None)
+    return add
+
+
+def strategy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def entries() -> list[StrategyEntry]:
+    return [_REGISTRY[n] for n in strategy_names()]
+
+
+def _import_path(path: str) -> StrategyEntry:
+    module, _, attr = path.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as error:
+        raise ConfigError(f'strategy.name="{path}": cannot import it ({error})') from None
+    for entry in _REGISTRY.values():
+        if obj in (entry.strategy, entry.config):
+            return entry
+    raise ConfigError(f'strategy.name="{path}": not a registered strategy; decorate it with '
+                      "@evora.strategies.register_strategy(...)")
+
+
+def _from_entry_points(name: str) -> StrategyEntry | None:
+    for point in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        point.load()  # registers
+        return _REGISTRY.get(name)
+    return None
+
+
+def get_strategy(name: str) -> StrategyEntry:
+    """The entry for a registered name, an import path (module:attr) or an entry point."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    entry = _import_path(name) if ":" in name else _from_entry_points(name)
+    if entry is None:
+        raise ConfigError(f"strategy={name}: unknown strategy; allowed: {', '.join(strategy_names())}, "
+                          "or strategy.name=<module>:<class>")
+    _REGISTRY.setdefault(name, entry)
+    return entry
