@@ -1,5 +1,5 @@
 # make run   the quickstart: evolve a LoRA for the bundled tiny model (CPU, offline, minutes)
-# make test  the whole test suite (unit, integration, end-to-end runs through the CLI)
+# make test  lint (ruff) and the whole test suite (unit, integration, end-to-end runs through the CLI)
 # make bench population-evaluation throughput table (bench/throughput.py)
 #
 # Both create .venv on first use and reuse it afterwards; set-up re-runs only when
@@ -33,6 +33,8 @@ run: setup
 	$(BIN)/evora $(ARGS)
 
 test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup

@@ -1,4 +1,4 @@
-"""Population-evaluation throughput (DESIGN §8). Every figure is a ratio measured in this
+"""Population-evaluation throughput (docs/architecture.md, "Benchmarks"). Every figure is a ratio measured in this
 one run on this machine.
 
     python bench/throughput.py [--population 16] [--prompts 32] [--tokens 16]
@@ -37,9 +37,19 @@ def build_bench_model(folder: Path) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(ROOT / "evora" / "models" / "tiny")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -47,12 +57,24 @@ def build_bench_model(folder: Path) -> int:
 
 
 def overrides(model: Path, args: argparse.Namespace) -> list[str]:
-    return [f"model.path={model}", "model.dtype=float32", "model.max_model_len=256", f"lora.rank={args.rank}",
-            "lora.alpha=16", "lora.layers=null", "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
-            f"strategy.population={args.population}", "strategy.sigma=0.01", "strategy.init_b_std=0.01",
-            f"engine.max_loras={args.population}", "engine.ignore_eos=true", f"task.prompts_per_generation={args.prompts}",
-            f"task.max_tokens={args.tokens}", "hardware.num_workers=1",
-            f"hardware.cpu_threads_per_worker={args.threads}"]
+    return [
+        f"model.path={model}",
+        "model.dtype=float32",
+        "model.max_model_len=256",
+        f"lora.rank={args.rank}",
+        "lora.alpha=16",
+        "lora.layers=null",
+        "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+        f"strategy.population={args.population}",
+        "strategy.sigma=0.01",
+        "strategy.init_b_std=0.01",
+        f"engine.max_loras={args.population}",
+        "engine.ignore_eos=true",
+        f"task.prompts_per_generation={args.prompts}",
+        f"task.max_tokens={args.tokens}",
+        "hardware.num_workers=1",
+        f"hardware.cpu_threads_per_worker={args.threads}",
+    ]
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:
@@ -73,8 +95,14 @@ def measure_in_process(model: Path, args: argparse.Namespace) -> dict:
     from evora.strategies.protocol import materialise
 
     run = compose_run(overrides(model, args))
-    layout = build_layout(linear_shapes_of_model(str(model)), rank=run.lora.rank, alpha=run.lora.alpha,
-                          target_modules=run.lora.target_modules, layers=None, base_model=str(model))
+    layout = build_layout(
+        linear_shapes_of_model(str(model)),
+        rank=run.lora.rank,
+        alpha=run.lora.alpha,
+        target_modules=run.lora.target_modules,
+        layers=None,
+        base_model=str(model),
+    )
     worker = EngineWorker(worker_spec(run, str(model), layout, "bench"), 0)
     state = worker.strategy.start(random_adapter(layout, 0, None, 0.01))
     prompts = tuple(range(args.prompts))
@@ -98,8 +126,12 @@ def measure_in_process(model: Path, args: argparse.Namespace) -> dict:
     assert sum(c.num_tokens for c in out) == tokens
 
     # The seeds' way: transformers + PEFT, one adapter at a time, its prompts batched.
-    hf = create_engine("hf", EngineSpec(model=str(model), dtype="float32", max_num_seqs=args.prompts,
-                                        cpu_threads=args.threads, ignore_eos=True))
+    hf = create_engine(
+        "hf",
+        EngineSpec(
+            model=str(model), dtype="float32", max_num_seqs=args.prompts, cpu_threads=args.threads, ignore_eos=True
+        ),
+    )
     specs, payload = worker.strategy.ask(state, 0)
 
     def seeds_way():
@@ -114,25 +146,45 @@ def measure_in_process(model: Path, args: argparse.Namespace) -> dict:
     seeds_seconds, seeds_tokens = timed(seeds_way, max(1, args.repeats - 1))
     assert seeds_tokens == tokens
     worker.shutdown()
-    return {"tokens_per_population": tokens, "evora_seconds": evora_seconds, "base_only_seconds": base_seconds,
-            "seeds_way_seconds": seeds_seconds, "evora_timings": result.timings}
+    return {
+        "tokens_per_population": tokens,
+        "evora_seconds": evora_seconds,
+        "base_only_seconds": base_seconds,
+        "seeds_way_seconds": seeds_seconds,
+        "evora_timings": result.timings,
+    }
 
 
 def measure_overhead(model: Path, args: argparse.Namespace) -> dict:
     """A real run through the CLI (Ray, driver actor, object store, checkpoints)."""
     out = Path(tempfile.mkdtemp(prefix="evora-bench-"))
-    cmd = [sys.executable, "-m", "evora", *overrides(model, args), f"generations={args.generations}",
-           "eval_every=0", "task.eval_size=8", f"tracking.out_dir={out}", "tracking.progress=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "evora",
+        *overrides(model, args),
+        f"generations={args.generations}",
+        "eval_every=0",
+        "task.eval_size=8",
+        f"tracking.out_dir={out}",
+        "tracking.progress=false",
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     run_dir = next(out.iterdir())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # A generation is the wall-clock time between consecutive records (dispatch, evaluation,
     # update, metrics, checkpoint: everything). Skip the first (warm-up) and the last (held-out eval).
-    spans = [(b["time"] - a["time"], b["seconds_generate"]) for a, b in zip(records[1:], records[2:])
-             if "heldout_reward" not in b]
+    spans = [
+        (b["time"] - a["time"], b["seconds_generate"])
+        for a, b in zip(records[1:], records[2:])
+        if "heldout_reward" not in b
+    ]
     shutil.rmtree(out)
-    return {"overhead_share": statistics.median(1 - generate / span for span, generate in spans),
-            "generation_seconds": statistics.median(span for span, _ in spans), "generations_measured": len(spans)}
+    return {
+        "overhead_share": statistics.median(1 - generate / span for span, generate in spans),
+        "generation_seconds": statistics.median(span for span, _ in spans),
+        "generations_measured": len(spans),
+    }
 
 
 def main() -> None:
@@ -155,12 +207,19 @@ def main() -> None:
     report = {
         "setup": {**vars(args), "model_parameters": parameters, "device": "cpu", "torch_threads": args.threads},
         "measured": measured,
-        "tokens_per_second": {name: tokens / measured[f"{name}_seconds"] for name in ("evora", "seeds_way", "base_only")},
-        "ratios": {"evora_vs_seeds_way": measured["seeds_way_seconds"] / measured["evora_seconds"],
-                   "evora_vs_base_only_limit": measured["base_only_seconds"] / measured["evora_seconds"],
-                   "overhead_share_of_generation": measured["overhead_share"]},
-        "targets": {"evora_vs_seeds_way": ">= 5", "evora_vs_base_only_limit": ">= 0.6",
-                    "overhead_share_of_generation": "<= 0.10"},
+        "tokens_per_second": {
+            name: tokens / measured[f"{name}_seconds"] for name in ("evora", "seeds_way", "base_only")
+        },
+        "ratios": {
+            "evora_vs_seeds_way": measured["seeds_way_seconds"] / measured["evora_seconds"],
+            "evora_vs_base_only_limit": measured["base_only_seconds"] / measured["evora_seconds"],
+            "overhead_share_of_generation": measured["overhead_share"],
+        },
+        "targets": {
+            "evora_vs_seeds_way": ">= 5",
+            "evora_vs_base_only_limit": ">= 0.6",
+            "overhead_share_of_generation": "<= 0.10",
+        },
     }
     print_table(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -173,19 +232,30 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     s, tps, ratios = report["setup"], report["tokens_per_second"], report["ratios"]
-    table = Table(title=f"population evaluation: {s['population']} adapters x {s['prompts']} prompts x "
-                        f"{s['tokens']} tokens, {s['model_parameters'] / 1e6:.1f}M-parameter model, rank {s['rank']}")
+    table = Table(
+        title=f"population evaluation: {s['population']} adapters x {s['prompts']} prompts x "
+        f"{s['tokens']} tokens, {s['model_parameters'] / 1e6:.1f}M-parameter model, rank {s['rank']}"
+    )
     table.add_column("path")
     table.add_column("tokens/s", justify="right")
     table.add_column("ratio", justify="right")
     table.add_column("target", justify="right")
     table.add_row("evora (multi-LoRA vLLM)", f"{tps['evora']:,.0f}", "1.00", "")
-    table.add_row("seeds' way (transformers, one adapter at a time)", f"{tps['seeds_way']:,.0f}",
-                  f"evora {ratios['evora_vs_seeds_way']:.2f}x", ">= 5x")
-    table.add_row("base-model-only limit (same vLLM engine)", f"{tps['base_only']:,.0f}",
-                  f"evora at {ratios['evora_vs_base_only_limit']:.2f} of it", ">= 0.6")
-    table.add_row("share of a generation outside generate", "", f"{ratios['overhead_share_of_generation']:.1%}",
-                  "<= 10%")
+    table.add_row(
+        "seeds' way (transformers, one adapter at a time)",
+        f"{tps['seeds_way']:,.0f}",
+        f"evora {ratios['evora_vs_seeds_way']:.2f}x",
+        ">= 5x",
+    )
+    table.add_row(
+        "base-model-only limit (same vLLM engine)",
+        f"{tps['base_only']:,.0f}",
+        f"evora at {ratios['evora_vs_base_only_limit']:.2f} of it",
+        ">= 0.6",
+    )
+    table.add_row(
+        "share of a generation outside generate", "", f"{ratios['overhead_share_of_generation']:.1%}", "<= 10%"
+    )
     Console().print(table)
 
 

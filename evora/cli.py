@@ -46,9 +46,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     except EvoraError as error:
         _die(error)
     from evora.distributed.launch import launch
-    from evora.tracking.progress import ConsoleProgress
-
     from evora.runs import run_lock
+    from evora.tracking.progress import ConsoleProgress
 
     run_dir = HydraConfig.get().runtime.output_dir
     try:
@@ -65,8 +64,12 @@ def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
     return run_job(cfg)
 
 
-EVAL_OPTIONS = {"adapter": "a PEFT adapter folder, or base", "compare": "true | false", "split": "heldout | selection | train",
-                "out": "report folder"}
+EVAL_OPTIONS = {
+    "adapter": "a PEFT adapter folder, or base",
+    "compare": "true | false",
+    "split": "heldout | selection | train",
+    "out": "report folder",
+}
 
 
 def eval_main(argv: list[str]) -> None:
@@ -97,8 +100,9 @@ def eval_main(argv: list[str]) -> None:
         in_run = owner is not None and Path(adapter).parent.name == "adapters" and (owner / "config.yaml").is_file()
         run = overlay(saved_run_config(owner), overrides) if in_run else compose_run(overrides)
         stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        out = options.get("out") or str(owner / "eval" / Path(adapter).name if in_run
-                                        else Path(run.tracking.out_dir) / f"{stamp}_eval")
+        out = options.get("out") or str(
+            owner / "eval" / Path(adapter).name if in_run else Path(run.tracking.out_dir) / f"{stamp}_eval"
+        )
         from evora.distributed.eval_job import run_evaluation
 
         report = run_evaluation(run, adapter, compare == "true", split, out)
@@ -107,9 +111,12 @@ def eval_main(argv: list[str]) -> None:
     adapter_metrics = report["adapter_metrics"]
     if "base_metrics" in report:
         base, counts = report["base_metrics"], report["counts"]
-        print(f"{report['split']} accuracy: base model {base['accuracy']:.3f} -> adapter {adapter_metrics['accuracy']:.3f}"
-              f" ({counts['improvements']} improvements, {counts['regressions']} regressions, "
-              f"{counts['both_wrong']} both wrong, of {report['examples']})")
+        print(
+            f"{report['split']} accuracy: base model {base['accuracy']:.3f} -> "
+            f"adapter {adapter_metrics['accuracy']:.3f}"
+            f" ({counts['improvements']} improvements, {counts['regressions']} regressions, "
+            f"{counts['both_wrong']} both wrong, of {report['examples']})"
+        )
     else:
         print(f"{report['split']}: " + ", ".join(f"{k} {v:.3f}" for k, v in adapter_metrics.items()))
     print("reports: " + ", ".join(report["paths"]))

@@ -23,9 +23,14 @@ EXAMPLES = (
 
 
 def help_text() -> str:
-    lines = ["evora: evolve LoRA adapters of large language models (evolution strategies, genetic algorithms,",
-             "population-based training) as a distributed job on Ray, with vLLM multi-LoRA engines.", "",
-             "usage: evora [subcommand] [key=value ...]      evora <subcommand> --help", "", "subcommands:"]
+    lines = [
+        "evora: evolve LoRA adapters of large language models (evolution strategies, genetic algorithms,",
+        "population-based training) as a distributed job on Ray, with vLLM multi-LoRA engines.",
+        "",
+        "usage: evora [subcommand] [key=value ...]      evora <subcommand> --help",
+        "",
+        "subcommands:",
+    ]
     lines += [f"  {name:<9} {text}" for name, text in SUBCOMMANDS]
     lines += ["", "config groups (choose with group=option; every key can be set, e.g. strategy.sigma=0.002):"]
     lines += [f"  {group:<9} {', '.join(group_options(group))}" for group in GROUPS]

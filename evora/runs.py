@@ -67,10 +67,15 @@ def run_info(run: Path) -> dict[str, Any]:
     config = yaml.safe_load((run / CONFIG_FILE).read_text()) or {}
     metrics = read_metrics(run)
     done = max((r.get("generation", 0) for r in metrics), default=0)
-    return {"name": run.name, "strategy": config.get("strategy", {}).get("name"),
-            "task": config.get("task", {}).get("name"), "model": config.get("model", {}).get("name"),
-            "generations": f"{done}/{config.get('generations')}", "best_heldout": headline(read_summary(run), "best"),
-            "status": status(run)}
+    return {
+        "name": run.name,
+        "strategy": config.get("strategy", {}).get("name"),
+        "task": config.get("task", {}).get("name"),
+        "model": config.get("model", {}).get("name"),
+        "generations": f"{done}/{config.get('generations')}",
+        "best_heldout": headline(read_summary(run), "best"),
+        "status": status(run),
+    }
 
 
 def find_runs(directory: str | Path) -> list[Path]:
@@ -78,8 +83,7 @@ def find_runs(directory: str | Path) -> list[Path]:
     root = Path(directory)
     if not root.is_dir():
         raise ConfigError(f"{root}: no such folder")
-    candidates = [p for child in sorted(root.iterdir()) for p in (child, *sorted(child.glob("*")))
-                  if child.is_dir()]
+    candidates = [p for child in sorted(root.iterdir()) for p in (child, *sorted(child.glob("*"))) if child.is_dir()]
     return sorted((p for p in candidates if is_run(p)), key=lambda p: (p.stat().st_mtime, p.name))
 
 
@@ -98,8 +102,15 @@ def print_runs(directory: str | Path) -> None:
         table.add_column(column)
     for info in list_runs(directory):
         best = "-" if info["best_heldout"] is None else f"{info['best_heldout']:.4f}"
-        table.add_row(info["name"], str(info["strategy"]), str(info["task"]), str(info["model"]),
-                      info["generations"], best, info["status"])
+        table.add_row(
+            info["name"],
+            str(info["strategy"]),
+            str(info["task"]),
+            str(info["model"]),
+            info["generations"],
+            best,
+            info["status"],
+        )
     # Piped or in a log, rich would assume 80 columns and cut every cell short.
     console = Console()
     Console(width=None if console.is_terminal else 200).print(table)
@@ -110,8 +121,10 @@ def show_run(run_dir: str | Path) -> None:
     if not is_run(run):
         raise ConfigError(f"{run}: not a run folder (no {CONFIG_FILE})")
     info = run_info(run)
-    print(f"{info['name']}: {info['status']}, strategy {info['strategy']}, task {info['task']}, "
-          f"model {info['model']}, generations {info['generations']}")
+    print(
+        f"{info['name']}: {info['status']}, strategy {info['strategy']}, task {info['task']}, "
+        f"model {info['model']}, generations {info['generations']}"
+    )
     print(f"{SUMMARY}: " + (json.dumps(_summary(run), indent=2) if _summary(run) else "(none)"))
     metrics = read_metrics(run)
     print("last metrics: " + (json.dumps(metrics[-1]) if metrics else "(none)"))
@@ -122,11 +135,12 @@ def to_delete(directory: str | Path, keep: int) -> list[Path]:
     if keep < 0:
         raise ConfigError(f"--keep {keep}: must be 0 or more")
     done = [run for run in find_runs(directory) if status(run) != "running"]
-    return done[:max(len(done) - keep, 0)]
+    return done[: max(len(done) - keep, 0)]
 
 
-def clean_runs(directory: str | Path, keep: int, yes: bool = False,
-               ask: Callable[[str], str] | None = None) -> list[Path]:
+def clean_runs(
+    directory: str | Path, keep: int, yes: bool = False, ask: Callable[[str], str] | None = None
+) -> list[Path]:
     doomed = to_delete(directory, keep)
     if not doomed:
         print("nothing to delete")

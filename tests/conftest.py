@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,17 +16,6 @@ TINY = ROOT / "evora" / "models" / "tiny"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
-
-
-def pytest_collection_modifyitems(config, items):
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +40,7 @@ def run_evora(args: list[str], cwd: Path, timeout: int = 900, env: dict | None =
     if args[:1] in (["analyze"], ["runs"], ["compare"]):  # not a run: no config overrides
         return subprocess.run(evora_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
     command = args[:1] if args[:1] in (["eval"], ["-m"]) else []  # a subcommand or -m comes first
-    args = [*command, "tracking.progress=false", *args[len(command):]]
+    args = [*command, "tracking.progress=false", *args[len(command) :]]
     return subprocess.run(evora_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
@@ -62,8 +51,13 @@ def only_run_dir(out_dir: Path) -> Path:
 
 
 # A small, fast variant of the quickstart: 8 candidates in units of 4, so two workers share work.
-SMALL = ["strategy.population=8", "engine.max_loras=4", "task.prompts_per_generation=16", "task.eval_size=64",
-         "eval_every=2"]
+SMALL = [
+    "strategy.population=8",
+    "engine.max_loras=4",
+    "task.prompts_per_generation=16",
+    "task.eval_size=64",
+    "eval_every=2",
+]
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,25 +69,53 @@ def cli_run(*args: str) -> tuple[Path, str]:
     return only_run_dir(out), result.stdout
 
 
-def make_summary(base: float, best: float, final: float | None = None, *, strategy: str = "es",
-                 generations: int = 6, best_generation: int | None = 3, best_member: str | None = None,
-                 details: dict | None = None, flops: float = 1e9) -> dict:
+def make_summary(
+    base: float,
+    best: float,
+    final: float | None = None,
+    *,
+    strategy: str = "es",
+    generations: int = 6,
+    best_generation: int | None = 3,
+    best_member: str | None = None,
+    details: dict | None = None,
+    flops: float = 1e9,
+) -> dict:
     """An eval/summary.json in the one schema (validated), for hand-built run folders."""
     from evora.tracking.summary import validate_summary
 
     def heldout(reward):
         return {"reward": reward, "accuracy": reward, "tokens": 4.0, "fitness": reward}
 
-    spend = {"tokens_prompt": 100, "tokens_generated": 50, "tokens_scored": 0, "tokens_trained": 0,
-             "flops_inference": flops, "flops_training": 0.0, "flops": flops}
-    summary = {"schema_version": 1, "strategy": strategy, "generations": generations,
-               "center": "mean" if final is not None else None, "base": heldout(base),
-               "final": heldout(final) if final is not None else None, "best": heldout(best),
-               "best_generation": best_generation, "best_member": best_member, "best_chosen_on": "heldout",
-               "best_vs_base": {"improvements": 3, "regressions": 0, "both_wrong": 1, "both_right": 4},
-               "adapters": {"best": "adapters/best"},
-               "compute": {"parameters": 1000, "search": spend, "evaluation": spend,
-                           "seconds": {"setup": 1.0, "search": 2.0, "evaluation": 1.0, "total": 4.0}},
-               "details": details or {}}
+    spend = {
+        "tokens_prompt": 100,
+        "tokens_generated": 50,
+        "tokens_scored": 0,
+        "tokens_trained": 0,
+        "flops_inference": flops,
+        "flops_training": 0.0,
+        "flops": flops,
+    }
+    summary = {
+        "schema_version": 1,
+        "strategy": strategy,
+        "generations": generations,
+        "center": "mean" if final is not None else None,
+        "base": heldout(base),
+        "final": heldout(final) if final is not None else None,
+        "best": heldout(best),
+        "best_generation": best_generation,
+        "best_member": best_member,
+        "best_chosen_on": "heldout",
+        "best_vs_base": {"improvements": 3, "regressions": 0, "both_wrong": 1, "both_right": 4},
+        "adapters": {"best": "adapters/best"},
+        "compute": {
+            "parameters": 1000,
+            "search": spend,
+            "evaluation": spend,
+            "seconds": {"setup": 1.0, "search": 2.0, "evaluation": 1.0, "total": 4.0},
+        },
+        "details": details or {},
+    }
     validate_summary(summary)
     return summary

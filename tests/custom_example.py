@@ -13,5 +13,8 @@ class EvenSumsTask(AdditionTask):
 
     def splits(self):
         splits = super().splits()
-        keep = lambda examples: tuple(e for e in examples if int(e.answer) % 2 == 0)
+
+        def keep(examples):
+            return tuple(e for e in examples if int(e.answer) % 2 == 0)
+
         return type(splits)(keep(splits.train), keep(splits.selection), keep(splits.heldout))

@@ -30,8 +30,17 @@ from evora.tracking.summary import headline, read_summary
 SWEEP_SUMMARY = "sweep_summary.json"
 MARKDOWN = "compare.md"
 PLOT = Path("plots") / "compare.png"
-COLUMNS = ("run", "strategy", "base", "final", "best held-out reward", "search FLOPs", "tokens generated",
-           "tokens trained", "wall-clock s")
+COLUMNS = (
+    "run",
+    "strategy",
+    "base",
+    "final",
+    "best held-out reward",
+    "search FLOPs",
+    "tokens generated",
+    "tokens trained",
+    "wall-clock s",
+)
 LOG_SPAN = 100.0  # positive FLOPs spanning more than this factor get a log x axis
 Point = tuple[float, float]
 
@@ -60,6 +69,7 @@ class RunRow:
 
 
 # ---- collecting ---------------------------------------------------------------------
+
 
 def _is_run(folder: Path) -> bool:
     return folder.is_dir() and (folder / CONFIG_FILE).is_file()
@@ -117,8 +127,9 @@ def metrics_curve(metrics: list[dict[str, Any]]) -> list[Point]:
     return sorted(by_generation.values(), key=lambda point: point[0])
 
 
-def _curve(metrics: list[dict[str, Any]], base: float | None, best: float | None,
-           flops: float | None) -> tuple[Point, ...]:
+def _curve(
+    metrics: list[dict[str, Any]], base: float | None, best: float | None, flops: float | None
+) -> tuple[Point, ...]:
     points = metrics_curve(metrics)
     # PBT evaluates held-out only at the end: base at zero compute, best at the search's total.
     if len(points) < 2 and base is not None and best is not None and flops is not None:
@@ -128,8 +139,11 @@ def _curve(metrics: list[dict[str, Any]], base: float | None, best: float | None
 
 def _best_flops(metrics: list[dict[str, Any]], generation: int | None, flops_search: float | None) -> float | None:
     """Search FLOPs spent up to the best's generation; the search's total when metrics do not say."""
-    at = [_number(r.get("cumulative_flops")) for r in metrics if generation is not None
-          and r.get("generation") == generation]
+    at = [
+        _number(r.get("cumulative_flops"))
+        for r in metrics
+        if generation is not None and r.get("generation") == generation
+    ]
     found = [f for f in at if f is not None]
     return found[-1] if found else flops_search
 
@@ -144,14 +158,24 @@ def read_row(name: str, run: Path) -> RunRow:
     flops_search = _number(search.get("flops"))
     best_generation = _count((summary or {}).get("best_generation"))
     return RunRow(
-        name=name, path=run, strategy=_config_name(config, "strategy"), task=_config_name(config, "task"),
-        model=_config_name(config, "model"), status="finished" if summary else "unfinished", base=base,
-        final=headline(summary, "final"), best=best, best_generation=best_generation, flops_search=flops_search,
-        flops_evaluation=_number(evaluation.get("flops")), tokens_generated=_count(search.get("tokens_generated")),
+        name=name,
+        path=run,
+        strategy=_config_name(config, "strategy"),
+        task=_config_name(config, "task"),
+        model=_config_name(config, "model"),
+        status="finished" if summary else "unfinished",
+        base=base,
+        final=headline(summary, "final"),
+        best=best,
+        best_generation=best_generation,
+        flops_search=flops_search,
+        flops_evaluation=_number(evaluation.get("flops")),
+        tokens_generated=_count(search.get("tokens_generated")),
         tokens_trained=_count(search.get("tokens_trained")),
         seconds_total=_number(compute.get("seconds", {}).get("total")),
         curve=_curve(metrics, base, best, flops_search),
-        best_flops=_best_flops(metrics, best_generation, flops_search) if summary else None)
+        best_flops=_best_flops(metrics, best_generation, flops_search) if summary else None,
+    )
 
 
 def collect(folders: list[Path]) -> list[RunRow]:
@@ -167,6 +191,7 @@ def collect(folders: list[Path]) -> list[RunRow]:
 
 # ---- table --------------------------------------------------------------------------
 
+
 def _reward(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -181,9 +206,17 @@ def _plain(value: float | None, digits: int = 0) -> str:
 
 def cells(row: RunRow) -> list[str]:
     """The row as text, in COLUMNS order; "-" where a value is missing (an unfinished run)."""
-    return [row.name, row.strategy or "-", _reward(row.base), _reward(row.final), _reward(row.best),
-            _flops(row.flops_search), _plain(row.tokens_generated), _plain(row.tokens_trained),
-            _plain(row.seconds_total, 1)]
+    return [
+        row.name,
+        row.strategy or "-",
+        _reward(row.base),
+        _reward(row.final),
+        _reward(row.best),
+        _flops(row.flops_search),
+        _plain(row.tokens_generated),
+        _plain(row.tokens_trained),
+        _plain(row.seconds_total, 1),
+    ]
 
 
 def print_table(rows: list[RunRow], console: Any = None) -> None:
@@ -205,6 +238,7 @@ def print_table(rows: list[RunRow], console: Any = None) -> None:
 
 # ---- markdown -----------------------------------------------------------------------
 
+
 def _md_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -214,8 +248,10 @@ def _run_line(row: RunRow) -> str:
     if row.best is None:
         return f"- `{row.name}` ({about}): {row.status}, no best held-out reward yet"
     when = "" if row.best_generation is None else f" at generation {row.best_generation}"
-    return (f"- `{row.name}` ({about}): best held-out reward {_reward(row.best)}{when}, "
-            f"after {_flops(row.best_flops)} search FLOPs")
+    return (
+        f"- `{row.name}` ({about}): best held-out reward {_reward(row.best)}{when}, "
+        f"after {_flops(row.best_flops)} search FLOPs"
+    )
 
 
 def _leader_line(rows: list[RunRow]) -> str:
@@ -229,14 +265,19 @@ def _leader_line(rows: list[RunRow]) -> str:
 
 
 def markdown(rows: list[RunRow]) -> str:
-    lines = ["# Held-out reward against search compute", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    lines = [
+        "# Held-out reward against search compute",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + " --- |" * len(COLUMNS),
+    ]
     lines += ["| " + " | ".join(_md_cell(c) for c in cells(row)) + " |" for row in rows]
     lines += ["", _leader_line(rows), "", *(_run_line(row) for row in rows)]
     return "\n".join(lines) + "\n"
 
 
 # ---- figure -------------------------------------------------------------------------
+
 
 def _positive_x(rows: list[RunRow]) -> list[float]:
     return [x for row in rows for x, _ in row.curve if x > 0]
@@ -293,6 +334,7 @@ def figure(rows: list[RunRow]) -> Figure:
 
 
 # ---- writing ------------------------------------------------------------------------
+
 
 def write_compare(rows: list[RunRow], out_dir: Path) -> list[Path]:
     """out_dir/compare.md and out_dir/plots/compare.png; returns their paths."""

@@ -1,4 +1,4 @@
-"""Base-vs-adapter comparison on one split (seed 000's comparison report): accuracy of
+"""Base-vs-adapter comparison on one split (the LoRALab comparison report): accuracy of
 each, improvements (base wrong, adapter right), regressions, both wrong, with the
 examples listed. Written as JSON and markdown."""
 
@@ -20,19 +20,30 @@ class Outcome(Protocol):  # evora.distributed.evaluate.SplitOutcome, kept struct
 
 
 def _row(i: int, example: Any, base: Outcome | None, adapter: Outcome) -> dict[str, Any]:
-    row = {"index": i, "prompt": example.prompt, "answer": example.answer,
-           "adapter": adapter.texts[i], "adapter_reward": float(adapter.rewards[i]),
-           "adapter_correct": bool(adapter.correct[i])}
+    row = {
+        "index": i,
+        "prompt": example.prompt,
+        "answer": example.answer,
+        "adapter": adapter.texts[i],
+        "adapter_reward": float(adapter.rewards[i]),
+        "adapter_correct": bool(adapter.correct[i]),
+    }
     if base is not None:
         row.update(base=base.texts[i], base_reward=float(base.rewards[i]), base_correct=bool(base.correct[i]))
     return row
 
 
-def build_report(examples: Sequence[Any], adapter: Outcome, base: Outcome | None, *, task: str, split: str,
-                 adapter_name: str) -> dict[str, Any]:
+def build_report(
+    examples: Sequence[Any], adapter: Outcome, base: Outcome | None, *, task: str, split: str, adapter_name: str
+) -> dict[str, Any]:
     rows = [_row(i, e, base, adapter) for i, e in enumerate(examples)]
-    report: dict[str, Any] = {"task": task, "split": split, "adapter": adapter_name, "examples": len(rows),
-                              "adapter_metrics": adapter.metrics()}
+    report: dict[str, Any] = {
+        "task": task,
+        "split": split,
+        "adapter": adapter_name,
+        "examples": len(rows),
+        "adapter_metrics": adapter.metrics(),
+    }
     if base is None:
         report["rows"] = rows
         return report
@@ -55,8 +66,10 @@ def _cut(text: str) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     adapter = report["adapter_metrics"]
-    lines = [f"# Evaluation: {report['adapter']} on {report['task']} ({report['split']}, {report['examples']} examples)",
-             ""]
+    lines = [
+        f"# Evaluation: {report['adapter']} on {report['task']} ({report['split']}, {report['examples']} examples)",
+        "",
+    ]
     if "base_metrics" not in report:
         lines += ["| metric | adapter |", "| --- | --- |"]
         lines += [f"| {k} | {v:.4f} |" for k, v in adapter.items()]
@@ -65,15 +78,23 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["| metric | base model | adapter | change |", "| --- | --- | --- | --- |"]
     lines += [f"| {k} | {base[k]:.4f} | {adapter[k]:.4f} | {adapter[k] - base[k]:+.4f} |" for k in adapter if k in base]
     counts = report["counts"]
-    lines += ["", f"Improvements (base wrong, adapter right): {counts['improvements']}  ",
-              f"Regressions (base right, adapter wrong): {counts['regressions']}  ",
-              f"Both wrong: {counts['both_wrong']}  ", f"Both right: {counts['both_right']}", ""]
+    lines += [
+        "",
+        f"Improvements (base wrong, adapter right): {counts['improvements']}  ",
+        f"Regressions (base right, adapter wrong): {counts['regressions']}  ",
+        f"Both wrong: {counts['both_wrong']}  ",
+        f"Both right: {counts['both_right']}",
+        "",
+    ]
     for name, title in (("improvements", "Improvements"), ("regressions", "Regressions"), ("both_wrong", "Both wrong")):
         lines += [f"## {title} ({counts[name]})", ""]
         if report[name]:
             lines += ["| # | prompt | answer | base model | adapter |", "| --- | --- | --- | --- | --- |"]
-            lines += [f"| {r['index']} | {_cut(r['prompt'])} | {_cut(r['answer'])} | {_cut(r['base'])} | "
-                      f"{_cut(r['adapter'])} |" for r in report[name]]
+            lines += [
+                f"| {r['index']} | {_cut(r['prompt'])} | {_cut(r['answer'])} | {_cut(r['base'])} | "
+                f"{_cut(r['adapter'])} |"
+                for r in report[name]
+            ]
         lines.append("")
     return "\n".join(lines)
 

@@ -21,9 +21,9 @@ from matplotlib.collections import LineCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from evora.strategies.pbt.space import KEYS as HYPERPARAMETERS  # noqa: E402 (Ray-free)
 from evora.tracking.metrics import read_metrics, read_trials  # noqa: E402
 from evora.tracking.run_dir import LINEAGE_FILE  # noqa: E402
-from evora.strategies.pbt.space import KEYS as HYPERPARAMETERS  # noqa: E402 (Ray-free)
 
 SWEEP_SUMMARY = "sweep_summary.json"
 PLOTS_DIR = "plots"
@@ -51,6 +51,7 @@ def _figure(width: float = 8, height: float = 4.5) -> tuple[Figure, Any]:
 
 # ---- reward / fitness curves -------------------------------------------------------
 
+
 def plot_reward(metrics: list[Record]) -> Figure:
     fig, ax = _figure()
     if is_pbt(metrics):
@@ -68,8 +69,13 @@ def plot_reward(metrics: list[Record]) -> Figure:
 def _reward_lines(ax: Any, metrics: list[Record]) -> None:
     band = [r for r in metrics if r.get("reward_p20") is not None and r.get("reward_p80") is not None]
     if band:
-        ax.fill_between([r["generation"] for r in band], [r["reward_p20"] for r in band],
-                        [r["reward_p80"] for r in band], alpha=0.2, label="population p20–p80")
+        ax.fill_between(
+            [r["generation"] for r in band],
+            [r["reward_p20"] for r in band],
+            [r["reward_p80"] for r in band],
+            alpha=0.2,
+            label="population p20–p80",
+        )
     ax.plot(*_series(metrics, "reward_mean"), label="population mean")
     ax.plot(*_series(metrics, "reward_max"), linewidth=1, alpha=0.7, label="best member")
     # Held-out is measured every k generations: dotted between points, not a measured curve.
@@ -80,6 +86,7 @@ def _reward_lines(ax: Any, metrics: list[Record]) -> None:
 
 
 # ---- time per generation -----------------------------------------------------------
+
 
 def plot_timing(metrics: list[Record]) -> Figure:
     rows = [r for r in metrics if any(r.get(k) is not None for k in PHASES)]
@@ -101,12 +108,14 @@ def plot_timing(metrics: list[Record]) -> Figure:
     twin.set_ylim(bottom=0)
     # One legend for both axes, outside the bars so it never hides a generation.
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-    fig.legend(handles, [h.get_label() for h in handles], loc="outside lower center", ncols=len(handles),
-               fontsize="small")
+    fig.legend(
+        handles, [h.get_label() for h in handles], loc="outside lower center", ncols=len(handles), fontsize="small"
+    )
     return fig
 
 
 # ---- family tree ---------------------------------------------------------------------
+
 
 def _positions(lineage: list[Record]) -> list[tuple[Record, float, float]]:
     """(record, x, y): x the generation, y the member's index (order of appearance if absent)."""
@@ -144,8 +153,16 @@ def pbt_tree(lineage: list[Record], trials: list[Record]) -> list[Record]:
     for r in trials:
         g, trial = r["generation"], r["trial"]
         source = copied.get((trial, g - 1), trial)
-        nodes.append({"id": f"{trial}@{g}", "generation": g, "index": order[trial], "fitness": r.get("fitness"),
-                      "parents": [f"{source}@{g - 1}"], "survived": g == last})
+        nodes.append(
+            {
+                "id": f"{trial}@{g}",
+                "generation": g,
+                "index": order[trial],
+                "fitness": r.get("fitness"),
+                "parents": [f"{source}@{g - 1}"],
+                "survived": g == last,
+            }
+        )
     return nodes
 
 
@@ -158,11 +175,28 @@ def plot_lineage(lineage: list[Record], trials: list[Record] | None = None) -> F
     xs, ys = [p[1] for p in placed], [p[2] for p in placed]
     fitness = [p[0].get("fitness") for p in placed]
     survived = [bool(p[0].get("survived")) for p in placed]
-    points = ax.scatter(xs, ys, c=[f if f is not None else float("nan") for f in fitness], cmap="viridis", s=18,
-                        edgecolors=["black" if s else "none" for s in survived], linewidths=0.8, zorder=3)
+    points = ax.scatter(
+        xs,
+        ys,
+        c=[f if f is not None else float("nan") for f in fitness],
+        cmap="viridis",
+        s=18,
+        edgecolors=["black" if s else "none" for s in survived],
+        linewidths=0.8,
+        zorder=3,
+    )
     if any(survived):
-        ax.scatter([x for x, s in zip(xs, survived) if s], [y for y, s in zip(ys, survived) if s], marker="*",
-                   s=90, facecolors="none", edgecolors="red", linewidths=0.6, zorder=4, label="survived")
+        ax.scatter(
+            [x for x, s in zip(xs, survived) if s],
+            [y for y, s in zip(ys, survived) if s],
+            marker="*",
+            s=90,
+            facecolors="none",
+            edgecolors="red",
+            linewidths=0.6,
+            zorder=4,
+            label="survived",
+        )
         fig.legend(loc="outside lower center", fontsize="small")  # outside: the tree fills the axes
     fig.colorbar(points, ax=ax, label="fitness")
     ax.autoscale()
@@ -173,6 +207,7 @@ def plot_lineage(lineage: list[Record], trials: list[Record] | None = None) -> F
 
 
 # ---- PBT hyperparameters ------------------------------------------------------------
+
 
 def plot_hyperparameter_heatmap(trials: list[Record]) -> Figure:
     fig, ax = _figure(7, 4.5)
@@ -189,8 +224,15 @@ def plot_hyperparameter_heatmap(trials: list[Record]) -> Figure:
             if value == value:  # not NaN
                 # Dark text on the bright (yellow) end of viridis: white there was unreadable.
                 light = image.norm(value) > 0.6
-                ax.text(j, i, f"{value:.3f}", ha="center", va="center", color="black" if light else "white",
-                        fontsize="small")
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.3f}",
+                    ha="center",
+                    va="center",
+                    color="black" if light else "white",
+                    fontsize="small",
+                )
     ax.set_xticks(range(len(rates)), [f"{lr:g}" for lr in rates], rotation=30, ha="right")
     ax.set_yticks(range(len(ranks)), [str(r) for r in ranks])
     ax.set(title="Mean fitness by rank and learning rate", xlabel="learning rate", ylabel="rank")
@@ -229,6 +271,7 @@ def plot_hyperparameter_survival(trials: list[Record]) -> Figure:
 
 
 # ---- mutation effectiveness -----------------------------------------------------------
+
 
 def mutation_effects(lineage: list[Record], trials: list[Record] | None = None) -> dict[str, list[float]]:
     """Fitness change grouped by operator (GA) or by the hyperparameter an exploit changed (PBT)."""
@@ -275,6 +318,7 @@ def plot_mutation_effects(effects: dict[str, list[float]], xlabel: str = "operat
 
 # ---- sweeps ------------------------------------------------------------------------------
 
+
 def sweep_groups(rows: list[Record]) -> dict[str, list[float]]:
     """final_heldout per override set, seeds pooled (seed=... removed from the key)."""
     groups: dict[str, list[float]] = defaultdict(list)
@@ -305,13 +349,17 @@ def plot_sweep(rows: list[Record]) -> Figure:
         ax.plot(groups[k], [y] * len(groups[k]), "k.", zorder=3)
     ax.set_yticks(list(ys), _varying(keys), fontsize="small")
     ax.invert_yaxis()  # the first override set on top, as in sweep_summary.md
-    ax.set(title="Final held-out reward per override set (bar: mean, whiskers: min–max over seeds)",
-           xlabel="final held-out reward", ylabel="overrides")
+    ax.set(
+        title="Final held-out reward per override set (bar: mean, whiskers: min–max over seeds)",
+        xlabel="final held-out reward",
+        ylabel="overrides",
+    )
     ax.title.set_fontsize("medium")
     return fig
 
 
 # ---- writing -----------------------------------------------------------------------------
+
 
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,18 @@ from typing import Any
 
 import yaml
 
-from evora.analysis.plots import (HYPERPARAMETERS, PHASES, PLOTS_DIR, SWEEP_SUMMARY, is_pbt, read_jsonl, read_trials, sweep_groups,
-                                  write_plots, write_sweep_plot)
+from evora.analysis.plots import (
+    HYPERPARAMETERS,
+    PHASES,
+    PLOTS_DIR,
+    SWEEP_SUMMARY,
+    is_pbt,
+    read_jsonl,
+    read_trials,
+    sweep_groups,
+    write_plots,
+    write_sweep_plot,
+)
 from evora.errors import ConfigError
 from evora.strategies import get_strategy
 from evora.tracking.metrics import read_metrics
@@ -19,9 +29,14 @@ from evora.tracking.run_dir import CONFIG_FILE, LINEAGE_FILE
 from evora.tracking.summary import headline, read_summary
 
 REPORT = "report.md"
-PLOT_TITLES = {"reward": "Reward / fitness over generations", "timing": "Time per generation",
-               "lineage": "Family tree", "mutations": "Mutation effectiveness",
-               "hyperparameters": "Mean fitness by rank and learning rate", "survival": "Hyperparameter survival"}
+PLOT_TITLES = {
+    "reward": "Reward / fitness over generations",
+    "timing": "Time per generation",
+    "lineage": "Family tree",
+    "mutations": "Mutation effectiveness",
+    "hyperparameters": "Mean fitness by rank and learning rate",
+    "survival": "Hyperparameter survival",
+}
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -36,11 +51,15 @@ def _configuration(config: dict[str, Any]) -> list[str]:
     strategy = config.get("strategy", {})
     keys = _report_keys(strategy.get("name"))
     params = ", ".join(f"{k}={strategy[k]}" for k in keys if k in strategy)
-    return ["## Configuration", "",
-            f"- model: `{config.get('model', {}).get('name')}` ({config.get('model', {}).get('path')})",
-            f"- task: `{config.get('task', {}).get('name')}`",
-            f"- strategy: `{strategy.get('name')}` ({params})",
-            f"- generations: {config.get('generations')}, seed: {config.get('seed')}", ""]
+    return [
+        "## Configuration",
+        "",
+        f"- model: `{config.get('model', {}).get('name')}` ({config.get('model', {}).get('path')})",
+        f"- task: `{config.get('task', {}).get('name')}`",
+        f"- strategy: `{strategy.get('name')}` ({params})",
+        f"- generations: {config.get('generations')}, seed: {config.get('seed')}",
+        "",
+    ]
 
 
 def _report_keys(name: str | None) -> tuple[str, ...]:
@@ -52,8 +71,13 @@ def _report_keys(name: str | None) -> tuple[str, ...]:
 
 def outcome(summary: dict[str, Any]) -> dict[str, Any]:
     """base / final / best held-out rewards from eval/summary.json."""
-    return {"base": headline(summary, "base"), "final": headline(summary, "final"), "best": headline(summary, "best"),
-            "best_generation": summary.get("best_generation"), "best_member": summary.get("best_member")}
+    return {
+        "base": headline(summary, "base"),
+        "final": headline(summary, "final"),
+        "best": headline(summary, "best"),
+        "best_generation": summary.get("best_generation"),
+        "best_member": summary.get("best_member"),
+    }
 
 
 def _best_variant(run: Path, summary: dict[str, Any]) -> list[str]:
@@ -65,16 +89,21 @@ def _best_variant(run: Path, summary: dict[str, Any]) -> list[str]:
     if numbers["best_generation"] is not None:
         lines.append(f"- from generation {numbers['best_generation']}")
     if numbers["best_member"]:
-        lines.append(f"- best member: `{numbers['best_member']}` "
-                     f"{summary['details'].get('best_hyperparameters', '')}")
+        lines.append(f"- best member: `{numbers['best_member']}` {summary['details'].get('best_hyperparameters', '')}")
     lines.append(f"- adapter: `adapters/best` (PEFT layout; `{run.resolve() / 'adapters' / 'best'}`)")
     return lines + [""]
 
 
 def _final_metrics(summary: dict[str, Any]) -> list[str]:
     n = outcome(summary)
-    return ["## Final metrics (held-out)", "", "| base model | final | best |", "| --- | --- | --- |",
-            f"| {_fmt(n['base'])} | {_fmt(n['final'])} | {_fmt(n['best'])} |", ""]
+    return [
+        "## Final metrics (held-out)",
+        "",
+        "| base model | final | best |",
+        "| --- | --- | --- |",
+        f"| {_fmt(n['base'])} | {_fmt(n['final'])} | {_fmt(n['best'])} |",
+        "",
+    ]
 
 
 def _curves(plots: list[Path]) -> list[str]:
@@ -87,12 +116,21 @@ def _curves(plots: list[Path]) -> list[str]:
 def _comparison(comparison: dict[str, Any]) -> list[str]:
     if not comparison:
         return []
-    counts, base, adapter = comparison.get("counts", {}), comparison.get("base_metrics", {}), \
-        comparison.get("adapter_metrics", {})
-    lines = ["## Best adapter vs base model", "",
-             f"On {comparison.get('examples')} {comparison.get('split')} examples of `{comparison.get('task')}`: "
-             + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()) + ".", "",
-             "| metric | base | adapter |", "| --- | --- | --- |"]
+    counts, base, adapter = (
+        comparison.get("counts", {}),
+        comparison.get("base_metrics", {}),
+        comparison.get("adapter_metrics", {}),
+    )
+    lines = [
+        "## Best adapter vs base model",
+        "",
+        f"On {comparison.get('examples')} {comparison.get('split')} examples of `{comparison.get('task')}`: "
+        + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items())
+        + ".",
+        "",
+        "| metric | base | adapter |",
+        "| --- | --- | --- |",
+    ]
     lines += [f"| {k} | {_fmt(base.get(k))} | {_fmt(adapter.get(k))} |" for k in adapter]
     return lines + ["", "Examples: `eval/best_vs_base.md`.", ""]
 
@@ -102,8 +140,10 @@ def findings(metrics: list[dict[str, Any]], summary: dict[str, Any], trials: lis
     found = []
     n = outcome(summary)
     if n["base"] is not None and n["best"] is not None:
-        found.append(f"The best adapter scores {n['best']:.4f} held-out against the base model's {n['base']:.4f} "
-                     f"({n['best'] - n['base']:+.4f}).")
+        found.append(
+            f"The best adapter scores {n['best']:.4f} held-out against the base model's {n['base']:.4f} "
+            f"({n['best'] - n['base']:+.4f})."
+        )
     if n["best_generation"] is not None and summary.get("generations"):
         found.append(f"The best adapter comes from generation {n['best_generation']} of {summary['generations']}.")
     found += _heldout_peak(metrics) + _slowest_phase(metrics) + _surviving_values(trials)
@@ -116,8 +156,10 @@ def _heldout_peak(metrics: list[dict[str, Any]]) -> list[str]:
         return []
     peak = max(heldout, key=lambda p: p[1])
     if peak[0] < heldout[-1][0] and peak[1] > heldout[-1][1]:
-        return [f"The held-out reward peaked at generation {peak[0]} ({peak[1]:.4f}) and ended at "
-                f"{heldout[-1][1]:.4f}: the final adapter is not the best one; use adapters/best."]
+        return [
+            f"The held-out reward peaked at generation {peak[0]} ({peak[1]:.4f}) and ended at "
+            f"{heldout[-1][1]:.4f}: the final adapter is not the best one; use adapters/best."
+        ]
     return [f"The held-out reward was still at its highest at the last evaluation (generation {heldout[-1][0]})."]
 
 
@@ -127,8 +169,10 @@ def _slowest_phase(metrics: list[dict[str, Any]]) -> list[str]:
     if total <= 0:
         return []
     slowest = max(totals, key=totals.get)
-    return [f"`{slowest.removeprefix('seconds_')}` takes {100 * totals[slowest] / total:.0f}% of the "
-            f"measured generation time."]
+    return [
+        f"`{slowest.removeprefix('seconds_')}` takes {100 * totals[slowest] / total:.0f}% of the "
+        f"measured generation time."
+    ]
 
 
 def _surviving_values(trials: list[dict[str, Any]]) -> list[str]:
@@ -136,8 +180,11 @@ def _surviving_values(trials: list[dict[str, Any]]) -> list[str]:
         return []
     last = max(t["generation"] for t in trials)
     held = {k: sorted({str(t[k]) for t in trials if t["generation"] == last and k in t}) for k in HYPERPARAMETERS}
-    return ["Hyperparameter values in the last generation: "
-            + "; ".join(f"{k} {', '.join(v)}" for k, v in held.items() if v) + "."]
+    return [
+        "Hyperparameter values in the last generation: "
+        + "; ".join(f"{k} {', '.join(v)}" for k, v in held.items() if v)
+        + "."
+    ]
 
 
 def write_report(run_dir: str | Path, plots: list[Path] | None = None) -> Path:
@@ -167,11 +214,16 @@ def write_sweep_report(sweep_dir: str | Path) -> list[Path]:
     folder = Path(sweep_dir)
     plot = write_sweep_plot(folder)
     groups = sweep_groups(json.loads((folder / SWEEP_SUMMARY).read_text()))
-    lines = [f"# Sweep report: {folder.name}", "", "| overrides | seeds | mean | min | max |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Sweep report: {folder.name}",
+        "",
+        "| overrides | seeds | mean | min | max |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for key, values in sorted(groups.items(), key=lambda kv: -sum(kv[1]) / len(kv[1])):
-        lines.append(f"| `{key}` | {len(values)} | {sum(values) / len(values):.4f} | {min(values):.4f} | "
-                     f"{max(values):.4f} |")
+        lines.append(
+            f"| `{key}` | {len(values)} | {sum(values) / len(values):.4f} | {min(values):.4f} | {max(values):.4f} |"
+        )
     lines += ["", f"![sweep]({PLOTS_DIR}/{plot.name})", ""]
     path = folder / REPORT
     path.write_text("\n".join(lines))

@@ -23,10 +23,34 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "task", "strategy", "engine", "hardware", "tracking")
 MAX_PREFLIGHT_JOBS = 512
 # Hydra flags that take a value; their values are not overrides.
-_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
-                     "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}
-_PASSIVE_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--cfg", "-c", "--shell-completion",
-                  "-sc", "--resolve"}
+_FLAGS_WITH_VALUE = {
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--config-name",
+    "-cn",
+    "--config-path",
+    "-cp",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+    "--info",
+    "-i",
+}
+_PASSIVE_FLAGS = {
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--version",
+    "--info",
+    "-i",
+    "--cfg",
+    "-c",
+    "--shell-completion",
+    "-sc",
+    "--resolve",
+}
 
 
 def new_run_dir(out_dir: str, name: str, now: datetime | None = None) -> str:
@@ -57,8 +81,9 @@ def resolve_strategy_overrides(overrides: list[str]) -> list[str]:
     resolved = []
     for text in overrides:
         key, _, value = text.partition("=")
-        named = key in ("strategy", "strategy.name") and (":" in value or (
-            key == "strategy" and value not in group_options("strategy") and "," not in value))
+        named = key in ("strategy", "strategy.name") and (
+            ":" in value or (key == "strategy" and value not in group_options("strategy") and "," not in value)
+        )
         if not named:
             resolved.append(text)
             continue
@@ -120,8 +145,9 @@ def parse_overrides(overrides: list[str]) -> list[Any]:
             parsed.append(parser.parse_override(text))
         except HydraException as error:
             reason = str(error).strip().splitlines()[-1].strip()
-            raise ConfigError(f"malformed override '{text}': {reason}; expected key=value, e.g. strategy.sigma=0.002") \
-                from None
+            raise ConfigError(
+                f"malformed override '{text}': {reason}; expected key=value, e.g. strategy.sigma=0.002"
+            ) from None
     return parsed
 
 
@@ -151,8 +177,11 @@ def _composition_error(error: Exception) -> ConfigError:
     cause: BaseException | None = error
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__ or cause.__context__
-    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "object_type", None) is not None \
-            and dataclasses.is_dataclass(cause.object_type):
+    if (
+        isinstance(cause, (ConfigKeyError, ConfigAttributeError))
+        and getattr(cause, "object_type", None) is not None
+        and dataclasses.is_dataclass(cause.object_type)
+    ):
         allowed = ", ".join(f.name for f in dataclasses.fields(cause.object_type))
         return ConfigError(f"{cause.full_key}: unknown key; allowed: {allowed}")
     if isinstance(cause, ValidationError):

@@ -28,8 +28,9 @@ def saved_run_config(run_dir: str | Path) -> RunConfig:
     return run_config_from_dict(yaml.safe_load((Path(run_dir) / CONFIG_FILE).read_text()))
 
 
-def overlay(saved: RunConfig, overrides: list[str], allowed: tuple[str, ...] | None = None,
-            purpose: str = "") -> RunConfig:
+def overlay(
+    saved: RunConfig, overrides: list[str], allowed: tuple[str, ...] | None = None, purpose: str = ""
+) -> RunConfig:
     node = unfreeze(OmegaConf.structured(saved))
     for text, override in zip(overrides, parse_overrides(overrides)):
         key = override.key_or_group.lstrip("+~")
@@ -55,6 +56,7 @@ def overlay(saved: RunConfig, overrides: list[str], allowed: tuple[str, ...] | N
 
 def resumed_run_config(composed: RunConfig, overrides: list[str]) -> RunConfig:
     """`composed` is the command line's config; `overrides` its override strings."""
-    resumed = overlay(saved_run_config(composed.resume), overrides, RESUMABLE,
-                      "when resuming (it would change the trajectory)")
+    resumed = overlay(
+        saved_run_config(composed.resume), overrides, RESUMABLE, "when resuming (it would change the trajectory)"
+    )
     return dataclasses.replace(resumed, resume=composed.resume)

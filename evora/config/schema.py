@@ -1,4 +1,4 @@
-"""Typed, frozen schemas of every config group (DESIGN §4).
+"""Typed, frozen schemas of every config group (docs/architecture.md, "Configuration").
 
 Hydra composes YAML onto these; `compose.to_run_config` turns the result into the
 frozen dataclasses below, which the rest of evora reads. Ranges and cross-field rules
@@ -115,4 +115,3 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-

@@ -22,8 +22,16 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 def validate(run: RunConfig) -> None:
     """Raise ConfigError for the first rule `run` breaks."""
-    for check in (_check_run, _check_model, _check_lora, _check_task, _check_strategy,
-                  _check_engine, _check_hardware, _check_tracking):
+    for check in (
+        _check_run,
+        _check_model,
+        _check_lora,
+        _check_task,
+        _check_strategy,
+        _check_engine,
+        _check_hardware,
+        _check_tracking,
+    ):
         check(run)
 
 
@@ -48,9 +56,14 @@ def _check_model(run: RunConfig) -> None:
         from evora.lora.layout import build_layout, linear_shapes_of_model
 
         lora = run.lora
-        build_layout(linear_shapes_of_model(location.path, trust_remote_code=model.trust_remote_code),
-                     rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules, layers=lora.layers,
-                     base_model=location.path)
+        build_layout(
+            linear_shapes_of_model(location.path, trust_remote_code=model.trust_remote_code),
+            rank=lora.rank,
+            alpha=lora.alpha,
+            target_modules=lora.target_modules,
+            layers=lora.layers,
+            base_model=location.path,
+        )
 
 
 def _check_layers(run: RunConfig, location: ModelLocation) -> None:
@@ -61,16 +74,24 @@ def _check_layers(run: RunConfig, location: ModelLocation) -> None:
     if n_layers is None:
         return
     for layer in run.lora.layers:
-        require(0 <= layer < n_layers, "lora.layers", list(run.lora.layers),
-                f"layer {layer} out of range; allowed: 0..{n_layers - 1} ({n_layers} layers)")
+        require(
+            0 <= layer < n_layers,
+            "lora.layers",
+            list(run.lora.layers),
+            f"layer {layer} out of range; allowed: 0..{n_layers - 1} ({n_layers} layers)",
+        )
 
 
 def _check_lora(run: RunConfig) -> None:
     lora = run.lora
     choice("lora.rank", lora.rank, VLLM_LORA_RANKS)
     require(lora.alpha > 0, "lora.alpha", lora.alpha, "must be > 0")
-    require(len(lora.target_modules) > 0, "lora.target_modules", list(lora.target_modules),
-            "must name at least one module, e.g. [q_proj, v_proj]")
+    require(
+        len(lora.target_modules) > 0,
+        "lora.target_modules",
+        list(lora.target_modules),
+        "must name at least one module, e.g. [q_proj, v_proj]",
+    )
     if lora.layers is not None:
         layers = list(lora.layers)
         require(len(layers) > 0, "lora.layers", layers, "must list at least one layer, or be null for all")
@@ -92,10 +113,18 @@ def _check_task(run: RunConfig) -> None:
     require(task.train_size >= 1, "task.train_size", task.train_size, "must be >= 1")
     require(task.selection_size >= 0, "task.selection_size", task.selection_size, "must be >= 0")
     require(task.eval_size >= 1, "task.eval_size", task.eval_size, "must be >= 1")
-    require(1 <= task.prompts_per_generation <= task.train_size, "task.prompts_per_generation",
-            task.prompts_per_generation, f"must be in 1..task.train_size ({task.train_size})")
-    require(1 <= task.max_tokens < run.model.max_model_len, "task.max_tokens", task.max_tokens,
-            f"must be in 1..model.max_model_len - 1 ({run.model.max_model_len - 1})")
+    require(
+        1 <= task.prompts_per_generation <= task.train_size,
+        "task.prompts_per_generation",
+        task.prompts_per_generation,
+        f"must be in 1..task.train_size ({task.train_size})",
+    )
+    require(
+        1 <= task.max_tokens < run.model.max_model_len,
+        "task.max_tokens",
+        task.max_tokens,
+        f"must be in 1..model.max_model_len - 1 ({run.model.max_model_len - 1})",
+    )
     choice("task.prompt_format", task.prompt_format, FORMATS)
     choice("task.scorer", task.scorer, tuple(SCORERS))
     parse_fitness(task.fitness)
@@ -114,14 +143,22 @@ def check_split_sizes(task: Any, splits: Any) -> None:
     """Enough examples for what the config asks (the data may hold fewer than its sizes)."""
     sizes = f"{len(splits.train)} train, {len(splits.selection)} selection, {len(splits.heldout)} held-out"
     require(len(splits.heldout) > 0, "task.eval_size", task.eval_size, f"the data gives no held-out examples ({sizes})")
-    require(len(splits.train) >= task.prompts_per_generation, "task.prompts_per_generation",
-            task.prompts_per_generation, f"the data gives only {sizes} examples")
+    require(
+        len(splits.train) >= task.prompts_per_generation,
+        "task.prompts_per_generation",
+        task.prompts_per_generation,
+        f"the data gives only {sizes} examples",
+    )
 
 
 def _check_strategy(run: RunConfig) -> None:
     entry = get_strategy(run.strategy.name)
-    require(isinstance(run.strategy, entry.config), "strategy", run.strategy.name,
-            f"its config is a {type(run.strategy).__name__}, the strategy needs a {entry.config.__name__}")
+    require(
+        isinstance(run.strategy, entry.config),
+        "strategy",
+        run.strategy.name,
+        f"its config is a {type(run.strategy).__name__}, the strategy needs a {entry.config.__name__}",
+    )
     if entry.validate is not None:
         entry.validate(run.strategy, run)
 
@@ -138,21 +175,38 @@ def _check_hardware(run: RunConfig) -> None:
     hw = run.hardware
     if hw.num_workers is not None:
         require(hw.num_workers >= 1, "hardware.num_workers", hw.num_workers, "must be >= 1, or null (one per GPU)")
-    require(hw.gpus_per_worker in (0, 1), "hardware.gpus_per_worker", hw.gpus_per_worker,
-            "allowed: 0 (CPU engines), 1 (GPU engines); more GPUs per engine: hardware.tensor_parallel_size")
+    require(
+        hw.gpus_per_worker in (0, 1),
+        "hardware.gpus_per_worker",
+        hw.gpus_per_worker,
+        "allowed: 0 (CPU engines), 1 (GPU engines); more GPUs per engine: hardware.tensor_parallel_size",
+    )
     require(hw.tensor_parallel_size >= 1, "hardware.tensor_parallel_size", hw.tensor_parallel_size, "must be >= 1")
     if hw.tensor_parallel_size > 1:
-        require(hw.gpus_per_worker == 1 and run.engine.name == "vllm", "hardware.tensor_parallel_size",
-                hw.tensor_parallel_size, "> 1 needs GPU engines (hardware.gpus_per_worker=1) and engine=vllm")
-    require(hw.num_workers is not None or hw.gpus_per_worker > 0, "hardware.num_workers", None,
-            "null (one per GPU) needs hardware.gpus_per_worker=1")
+        require(
+            hw.gpus_per_worker == 1 and run.engine.name == "vllm",
+            "hardware.tensor_parallel_size",
+            hw.tensor_parallel_size,
+            "> 1 needs GPU engines (hardware.gpus_per_worker=1) and engine=vllm",
+        )
+    require(
+        hw.num_workers is not None or hw.gpus_per_worker > 0,
+        "hardware.num_workers",
+        None,
+        "null (one per GPU) needs hardware.gpus_per_worker=1",
+    )
     require(hw.driver_restarts >= 0, "hardware.driver_restarts", hw.driver_restarts, "must be >= 0")
     require(hw.cpus_per_worker >= 0, "hardware.cpus_per_worker", hw.cpus_per_worker, "must be >= 0")
-    require(hw.cpu_threads_per_worker >= 1, "hardware.cpu_threads_per_worker", hw.cpu_threads_per_worker,
-            "must be >= 1")
+    require(
+        hw.cpu_threads_per_worker >= 1, "hardware.cpu_threads_per_worker", hw.cpu_threads_per_worker, "must be >= 1"
+    )
     require(hw.driver_cpus >= 0, "hardware.driver_cpus", hw.driver_cpus, "must be >= 0")
-    require(0 < hw.gpu_memory_utilization <= 1, "hardware.gpu_memory_utilization", hw.gpu_memory_utilization,
-            "must be in (0, 1]")
+    require(
+        0 < hw.gpu_memory_utilization <= 1,
+        "hardware.gpu_memory_utilization",
+        hw.gpu_memory_utilization,
+        "must be in (0, 1]",
+    )
     require(hw.kv_cache_gib >= 0, "hardware.kv_cache_gib", hw.kv_cache_gib, "must be >= 0")
 
 
@@ -160,5 +214,9 @@ def _check_tracking(run: RunConfig) -> None:
     tracking = run.tracking
     choice("tracking.name", tracking.name, TRACKERS)
     choice("tracking.wandb_mode", tracking.wandb_mode, WANDB_MODES)
-    require(tracking.checkpoint_keep_every >= 0, "tracking.checkpoint_keep_every",
-            tracking.checkpoint_keep_every, "must be >= 0")
+    require(
+        tracking.checkpoint_keep_every >= 0,
+        "tracking.checkpoint_keep_every",
+        tracking.checkpoint_keep_every,
+        "must be >= 0",
+    )

@@ -51,9 +51,14 @@ class Best:
 
 
 def spread(prefix: str, values: np.ndarray) -> dict[str, float]:
-    return {f"{prefix}_mean": float(values.mean()), f"{prefix}_std": float(values.std()),
-            f"{prefix}_min": float(values.min()), f"{prefix}_max": float(values.max()),
-            f"{prefix}_p20": float(np.percentile(values, 20)), f"{prefix}_p80": float(np.percentile(values, 80))}
+    return {
+        f"{prefix}_mean": float(values.mean()),
+        f"{prefix}_std": float(values.std()),
+        f"{prefix}_min": float(values.min()),
+        f"{prefix}_max": float(values.max()),
+        f"{prefix}_p20": float(np.percentile(values, 20)),
+        f"{prefix}_p80": float(np.percentile(values, 80)),
+    }
 
 
 def finite_fitness(fitness: np.ndarray) -> tuple[np.ndarray, int]:
@@ -85,10 +90,15 @@ class Driver:
         run = self.run_cfg
         self.location = locate_model(run.model.path)
         self.layout = build_layout(
-            linear_shapes_of_model(self.location.path, revision=run.model.revision,
-                                   trust_remote_code=run.model.trust_remote_code),
-            rank=run.lora.rank, alpha=run.lora.alpha, target_modules=run.lora.target_modules,
-            layers=run.lora.layers, base_model=self.location.path)
+            linear_shapes_of_model(
+                self.location.path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
+            ),
+            rank=run.lora.rank,
+            alpha=run.lora.alpha,
+            target_modules=run.lora.target_modules,
+            layers=run.lora.layers,
+            base_model=self.location.path,
+        )
         self.strategy = self.entry.build(run.strategy, run.seed)
         self.splits = build_task(run.task, run.seed).splits()
         check_split_sizes(run.task, self.splits)  # hub data is only seen here
@@ -97,8 +107,11 @@ class Driver:
         completed = self.next_generation if self.resumed else -1
         self.lineage = JsonlSink(self.run_dir, completed, LINEAGE_FILE, lazy=True)
         # Named per driver process: a restarted driver's workers must not clash with the old ones' names.
-        self.pool = WorkerPool.start(worker_spec(run, self.location.path, self.layout, self.run_tag), run.hardware,
-                                     name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}")
+        self.pool = WorkerPool.start(
+            worker_spec(run, self.location.path, self.layout, self.run_tag),
+            run.hardware,
+            name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}",
+        )
 
     def _restore_or_init(self) -> None:
         path = checkpoint.latest_path(self.run_dir)
@@ -115,21 +128,31 @@ class Driver:
         context = StrategyContext(run.seed, self.layout, self.location.path, run.model.revision)
         self.state = self.strategy.initial_state(context)
         self.next_generation, self.base, self.last, self.best = 0, None, None, None
-        self.ledger = ComputeLedger(count_parameters(self.location.path, run.model.revision,
-                                                     run.model.trust_remote_code))
+        self.ledger = ComputeLedger(
+            count_parameters(self.location.path, run.model.revision, run.model.trust_remote_code)
+        )
         write_config(self.run_dir, run)
 
     def _open_sinks(self) -> list[MetricsSink]:
         run = self.run_cfg
-        sinks: list[MetricsSink] = [JsonlSink(self.run_dir, self.next_generation if self.resumed else -1),
-                                    RewardPlotSink(self.run_dir)]
+        sinks: list[MetricsSink] = [
+            JsonlSink(self.run_dir, self.next_generation if self.resumed else -1),
+            RewardPlotSink(self.run_dir),
+        ]
         if run.tracking.name == "wandb":
             tracking = run.tracking
-            sinks.append(WandbSink(self.run_dir, project=tracking.wandb_project, entity=tracking.wandb_entity,
-                                   group=tracking.wandb_group or run.name,
-                                   name=tracking.wandb_name or self.run_dir.name,
-                                   mode=tracking.wandb_mode, config=config_dict(run),
-                                   figures=lambda: write_plots(self.run_dir)))
+            sinks.append(
+                WandbSink(
+                    self.run_dir,
+                    project=tracking.wandb_project,
+                    entity=tracking.wandb_entity,
+                    group=tracking.wandb_group or run.name,
+                    name=tracking.wandb_name or self.run_dir.name,
+                    mode=tracking.wandb_mode,
+                    config=config_dict(run),
+                    figures=lambda: write_plots(self.run_dir),
+                )
+            )
         return sinks
 
     # --- the loop -------------------------------------------------------------------
@@ -141,10 +164,17 @@ class Driver:
             if self.base is None:
                 self.ledger.add_seconds("setup", time.perf_counter() - start)
                 self._initial_evaluation()
-            yield {"kind": "start", "strategy": self.entry.name, "generations": self.run_cfg.generations,
-                   "start": self.next_generation, "workers": len(self.pool), "base_heldout": self.base["reward"],
-                   "resumed": self.resumed, "adapter_parameters": self.layout.num_parameters(),
-                   "setup_seconds": time.perf_counter() - start}
+            yield {
+                "kind": "start",
+                "strategy": self.entry.name,
+                "generations": self.run_cfg.generations,
+                "start": self.next_generation,
+                "workers": len(self.pool),
+                "base_heldout": self.base["reward"],
+                "resumed": self.resumed,
+                "adapter_parameters": self.layout.num_parameters(),
+                "setup_seconds": time.perf_counter() - start,
+            }
             for generation in range(self.next_generation, self.run_cfg.generations):
                 yield self._generation(generation)
             yield self._finish()
@@ -155,8 +185,11 @@ class Driver:
         started, spend = time.perf_counter(), Spend()
         outcomes = self._evaluate("heldout", [BASE, CENTER], generation=0, spend=spend)
         self.base = outcomes[BASE]
-        record = {"generation": 0, **{f"base_heldout_{k}": v for k, v in self.base.items()},
-                  **self._center_scores(0, outcomes[CENTER], spend)}
+        record = {
+            "generation": 0,
+            **{f"base_heldout_{k}": v for k, v in self.base.items()},
+            **self._center_scores(0, outcomes[CENTER], spend),
+        }
         self._account(record, Spend(), spend, 0.0, time.perf_counter() - started)
         self._log(record)
 
@@ -164,8 +197,10 @@ class Driver:
         started = time.perf_counter()
         specs, payload = self.strategy.ask(self.state, generation)
         prompts = self._prompt_batch(generation)
-        units = [WorkUnit(tuple(c), "train", prompts, perplexity=self.fitness.needs_perplexity)
-                 for c in chunks(specs, self.run_cfg.engine.max_loras)]
+        units = [
+            WorkUnit(tuple(c), "train", prompts, perplexity=self.fitness.needs_perplexity)
+            for c in chunks(specs, self.run_cfg.engine.max_loras)
+        ]
         results = self.pool.run(ray.put(payload), units)
         evaluated = time.perf_counter()
         generation_results, invalid = self._results(generation, prompts, results, len(specs))
@@ -175,9 +210,13 @@ class Driver:
             self.lineage.log(member)
         updated = time.perf_counter()
         done = generation + 1
-        record: dict[str, Any] = {"generation": done, **spread("reward", generation_results.rewards.mean(axis=1)),
-                                  "accuracy_mean": float(generation_results.correct.mean()),
-                                  "fitness_invalid": invalid, **told.stats}
+        record: dict[str, Any] = {
+            "generation": done,
+            **spread("reward", generation_results.rewards.mean(axis=1)),
+            "accuracy_mean": float(generation_results.correct.mean()),
+            "fitness_invalid": invalid,
+            **told.stats,
+        }
         if self.fitness.text != "reward":
             record.update(spread("fitness", generation_results.fitness))
         eval_spend = Spend()
@@ -185,31 +224,43 @@ class Driver:
             heldout = self._evaluate("heldout", [CENTER], done, spend=eval_spend)[CENTER]
             record.update(self._center_scores(done, heldout, eval_spend))
         finished = time.perf_counter()
-        record.update(tokens=int(generation_results.tokens.sum()),
-                      tokens_per_second=generation_results.tokens.sum() / max(evaluated - started, 1e-9),
-                      reward_errors=sum(r.reward_errors for r in results), seconds=finished - started,
-                      seconds_evaluate=evaluated - started, seconds_update=updated - evaluated,
-                      seconds_heldout=finished - updated, **timing_sums(results),
-                      worker_rss_mb={str(r.worker): r.rss_mb for r in results})
+        record.update(
+            tokens=int(generation_results.tokens.sum()),
+            tokens_per_second=generation_results.tokens.sum() / max(evaluated - started, 1e-9),
+            reward_errors=sum(r.reward_errors for r in results),
+            seconds=finished - started,
+            seconds_evaluate=evaluated - started,
+            seconds_update=updated - evaluated,
+            seconds_heldout=finished - updated,
+            **timing_sums(results),
+            worker_rss_mb={str(r.worker): r.rss_mb for r in results},
+        )
         self._account(record, spend_of(results), eval_spend, updated - started, finished - updated)
         self._log(record)
         self._checkpoint(done)
         return {"kind": "generation", **record, "generations": self.run_cfg.generations}
 
-    def _results(self, generation: int, prompts: tuple[int, ...], results: list[UnitResult],
-                 population: int) -> tuple[GenerationResults, int]:
+    def _results(
+        self, generation: int, prompts: tuple[int, ...], results: list[UnitResult], population: int
+    ) -> tuple[GenerationResults, int]:
         m = candidate_matrices(results, population)
-        means = {"reward": m["rewards"].mean(axis=1), "accuracy": m["correct"].mean(axis=1),
-                 "tokens": m["tokens"].mean(axis=1)}
+        means = {
+            "reward": m["rewards"].mean(axis=1),
+            "accuracy": m["correct"].mean(axis=1),
+            "tokens": m["tokens"].mean(axis=1),
+        }
         if m["perplexity"] is not None:
             means["perplexity"] = m["perplexity"].mean(axis=1)
-        fitness, invalid = finite_fitness(np.array([self.fitness({k: v[i] for k, v in means.items()})
-                                                    for i in range(population)], dtype=np.float64))
-        return GenerationResults(generation, prompts, m["rewards"], m["correct"], m["tokens"], m["perplexity"],
-                                 fitness), invalid
+        fitness, invalid = finite_fitness(
+            np.array([self.fitness({k: v[i] for k, v in means.items()}) for i in range(population)], dtype=np.float64)
+        )
+        return GenerationResults(
+            generation, prompts, m["rewards"], m["correct"], m["tokens"], m["perplexity"], fitness
+        ), invalid
 
-    def _account(self, record: dict[str, Any], search: Spend, evaluation: Spend, search_s: float,
-                 evaluation_s: float) -> None:
+    def _account(
+        self, record: dict[str, Any], search: Spend, evaluation: Spend, search_s: float, evaluation_s: float
+    ) -> None:
         """Compute of this record into the ledger, and into the record (per generation and cumulative)."""
         ledger = self.ledger
         ledger.search.add(search)
@@ -217,11 +268,17 @@ class Driver:
         ledger.add_seconds("search", search_s)
         ledger.add_seconds("evaluation", evaluation_s)
         flops = search.flops(ledger.parameters)
-        record.update(tokens_prompt=search.tokens_prompt, tokens_generated=search.tokens_generated,
-                      tokens_scored=search.tokens_scored, tokens_trained=search.tokens_trained,
-                      flops=flops["flops"], eval_flops=evaluation.flops(ledger.parameters)["flops"],
-                      cumulative_flops=ledger.search_flops(), wall_clock_s=sum(ledger.seconds.values()),
-                      time=time.time())
+        record.update(
+            tokens_prompt=search.tokens_prompt,
+            tokens_generated=search.tokens_generated,
+            tokens_scored=search.tokens_scored,
+            tokens_trained=search.tokens_trained,
+            flops=flops["flops"],
+            eval_flops=evaluation.flops(ledger.parameters)["flops"],
+            cumulative_flops=ledger.search_flops(),
+            wall_clock_s=sum(ledger.seconds.values()),
+            time=time.time(),
+        )
 
     # --- finish ---------------------------------------------------------------------
 
@@ -235,19 +292,38 @@ class Driver:
         save_adapter(adapters / "best", best.adapter, self.layout)
         spend = Spend()
         report = report_against_base(
-            lambda theta, layout, ops: self._evaluate("heldout", ops, best.generation, theta=theta, keep_texts=True,
-                                                      perplexity=True, spend=spend),
-            best.adapter, None, self.splits.heldout, task=self.run_cfg.task.name, split="heldout",
-            adapter_name="adapters/best", out_dir=self.run_dir / "eval", stem="best_vs_base")
+            lambda theta, layout, ops: self._evaluate(
+                "heldout", ops, best.generation, theta=theta, keep_texts=True, perplexity=True, spend=spend
+            ),
+            best.adapter,
+            None,
+            self.splits.heldout,
+            task=self.run_cfg.task.name,
+            split="heldout",
+            adapter_name="adapters/best",
+            out_dir=self.run_dir / "eval",
+            stem="best_vs_base",
+        )
         self.ledger.evaluation.add(spend)
         self.ledger.add_seconds("evaluation", time.perf_counter() - started)
-        outcome = Outcome(self.base, self.last, best.heldout, best.generation, None,
-                          "selection" if self.splits.selection else "heldout")
+        outcome = Outcome(
+            self.base,
+            self.last,
+            best.heldout,
+            best.generation,
+            None,
+            "selection" if self.splits.selection else "heldout",
+        )
         summary = write_run_summary(
-            self.run_dir, strategy=self.run_cfg.strategy.name, generations=done, center=self.entry.center,
-            outcome=outcome, counts=report["counts"],
+            self.run_dir,
+            strategy=self.run_cfg.strategy.name,
+            generations=done,
+            center=self.entry.center,
+            outcome=outcome,
+            counts=report["counts"],
             adapters={"best": "adapters/best", center_name: f"adapters/{center_name}"},
-            compute=self.ledger.summary(sum(self.ledger.seconds.values())))
+            compute=self.ledger.summary(sum(self.ledger.seconds.values())),
+        )
         return final_event(summary, self.run_dir)
 
     def _close(self) -> None:
@@ -270,12 +346,28 @@ class Driver:
         picked = rng.choice(len(self.splits.train), size=self.run_cfg.task.prompts_per_generation, replace=False)
         return tuple(int(i) for i in picked)
 
-    def _evaluate(self, split: str, ops: list[str], generation: int, theta: dict | None = None,
-                  keep_texts: bool = False, perplexity: bool = False, spend: Spend | None = None) -> dict[str, Any]:
+    def _evaluate(
+        self,
+        split: str,
+        ops: list[str],
+        generation: int,
+        theta: dict | None = None,
+        keep_texts: bool = False,
+        perplexity: bool = False,
+        spend: Spend | None = None,
+    ) -> dict[str, Any]:
         """Metrics (or, with keep_texts, whole outcomes) of BASE/CENTER on a split."""
-        outcomes = evaluate_split(self.pool, theta if theta is not None else self.strategy.center(self.state), ops,
-                                  split, len(self.splits.get(split)), generation=generation, keep_texts=keep_texts,
-                                  perplexity=perplexity or self.fitness.needs_perplexity, spend=spend)
+        outcomes = evaluate_split(
+            self.pool,
+            theta if theta is not None else self.strategy.center(self.state),
+            ops,
+            split,
+            len(self.splits.get(split)),
+            generation=generation,
+            keep_texts=keep_texts,
+            perplexity=perplexity or self.fitness.needs_perplexity,
+            spend=spend,
+        )
         if keep_texts:
             return outcomes
         return {op: self._with_fitness(o.metrics()) for op, o in outcomes.items()}
@@ -301,8 +393,13 @@ class Driver:
             sink.log(record)
 
     def _checkpoint(self, done: int) -> None:
-        loop = {"next_generation": done, "base": self.base, "last": self.last,
-                "best": None if self.best is None else asdict(self.best), "compute": self.ledger.state()}
+        loop = {
+            "next_generation": done,
+            "base": self.base,
+            "last": self.last,
+            "best": None if self.best is None else asdict(self.best),
+            "compute": self.ledger.state(),
+        }
         saved = checkpoint.run_state(self.run_cfg.strategy.name, self.state, state_fields(self.state), loop)
         checkpoint.atomic_save(saved, checkpoint.latest_path(self.run_dir))
         keep = self.run_cfg.tracking.checkpoint_keep_every

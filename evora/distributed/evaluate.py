@@ -20,13 +20,15 @@ EVAL_CHUNK = 64  # examples per work unit
 
 
 def chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def spend_of(results: list[UnitResult]) -> Spend:
-    return Spend(tokens_prompt=sum(r.tokens_prompt for r in results),
-                 tokens_generated=int(sum(r.tokens.sum() for r in results)),
-                 tokens_scored=sum(r.tokens_scored for r in results))
+    return Spend(
+        tokens_prompt=sum(r.tokens_prompt for r in results),
+        tokens_generated=int(sum(r.tokens.sum() for r in results)),
+        tokens_scored=sum(r.tokens_scored for r in results),
+    )
 
 
 @dataclass
@@ -40,16 +42,29 @@ class SplitOutcome:
     texts: list[str] | None
 
     def metrics(self) -> dict[str, float]:
-        out = {"reward": float(self.rewards.mean()), "accuracy": float(self.correct.mean()),
-               "tokens": float(self.tokens.mean())}
+        out = {
+            "reward": float(self.rewards.mean()),
+            "accuracy": float(self.correct.mean()),
+            "tokens": float(self.tokens.mean()),
+        }
         if self.perplexity is not None:
             out["perplexity"] = float(self.perplexity.mean())
         return out
 
 
-def evaluate_split(pool: WorkerPool, theta: Tensors | None, ops: list[str], split: str, size: int, *,
-                   generation: int = 0, keep_texts: bool = False, perplexity: bool = False,
-                   layout: AdapterLayout | None = None, spend: Spend | None = None) -> dict[str, SplitOutcome]:
+def evaluate_split(
+    pool: WorkerPool,
+    theta: Tensors | None,
+    ops: list[str],
+    split: str,
+    size: int,
+    *,
+    generation: int = 0,
+    keep_texts: bool = False,
+    perplexity: bool = False,
+    layout: AdapterLayout | None = None,
+    spend: Spend | None = None,
+) -> dict[str, SplitOutcome]:
     """Outcomes per op (BASE, CENTER) on the first `size` examples of `split`; `layout`
     describes theta when it is not the pool's layout; the compute is added to `spend`."""
     specs = tuple(CandidateSpec(generation, i, op=op) for i, op in enumerate(ops))
@@ -75,7 +90,9 @@ def candidate_matrices(results: list[UnitResult], population: int) -> dict[str, 
     order.sort(key=lambda item: item[0])
     if [index for index, _, _ in order] != list(range(population)):
         raise RuntimeError("a generation's results do not cover its population exactly once")
-    stack = {name: np.stack([getattr(r, name)[row] for _, r, row in order]) for name in ("rewards", "correct", "tokens")}
+    stack = {
+        name: np.stack([getattr(r, name)[row] for _, r, row in order]) for name in ("rewards", "correct", "tokens")
+    }
     with_ppl = all(r.perplexity is not None for r in results)
     stack["perplexity"] = np.stack([r.perplexity[row] for _, r, row in order]) if with_ppl else None
     return stack
@@ -94,11 +111,28 @@ class EvaluationService:
         """How many engine workers serve; returns once they are all placed and loaded."""
         return len(self.pool)
 
-    def evaluate(self, theta: Tensors | None, layout: AdapterLayout, split: str, *, with_base: bool = False,
-                 keep_texts: bool = False, bucket: str = "search") -> dict[str, SplitOutcome]:
+    def evaluate(
+        self,
+        theta: Tensors | None,
+        layout: AdapterLayout,
+        split: str,
+        *,
+        with_base: bool = False,
+        keep_texts: bool = False,
+        bucket: str = "search",
+    ) -> dict[str, SplitOutcome]:
         ops = [BASE] * with_base + [CENTER] * (theta is not None)
-        return evaluate_split(self.pool, theta, ops, split, self.sizes[split], keep_texts=keep_texts, perplexity=True,
-                              layout=layout, spend=self.spent.setdefault(bucket, Spend()))
+        return evaluate_split(
+            self.pool,
+            theta,
+            ops,
+            split,
+            self.sizes[split],
+            keep_texts=keep_texts,
+            perplexity=True,
+            layout=layout,
+            spend=self.spent.setdefault(bucket, Spend()),
+        )
 
     def metrics(self, theta: Tensors, layout: AdapterLayout, split: str, bucket: str = "search") -> dict[str, float]:
         return self.evaluate(theta, layout, split, bucket=bucket)[CENTER].metrics()

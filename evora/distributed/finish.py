@@ -22,9 +22,19 @@ from evora.tracking.summary import SCHEMA_VERSION, write_summary
 Evaluate = Callable[[Tensors | None, AdapterLayout | None, list[str]], dict[str, SplitOutcome]]
 
 
-def report_against_base(evaluate: Evaluate, adapter: Tensors | None, layout: AdapterLayout | None,
-                        examples: Sequence[Any], *, task: str, split: str, adapter_name: str, out_dir: Path,
-                        stem: str, with_base: bool = True) -> dict[str, Any]:
+def report_against_base(
+    evaluate: Evaluate,
+    adapter: Tensors | None,
+    layout: AdapterLayout | None,
+    examples: Sequence[Any],
+    *,
+    task: str,
+    split: str,
+    adapter_name: str,
+    out_dir: Path,
+    stem: str,
+    with_base: bool = True,
+) -> dict[str, Any]:
     """Evaluate an adapter (None: the base model alone) and, with_base, the base model on
     the same examples; write <stem>.md/.json; return the report."""
     ops = [BASE] * (with_base or adapter is None) + [CENTER] * (adapter is not None)
@@ -48,15 +58,34 @@ class Outcome:
     best_chosen_on: str  # selection | heldout
 
 
-def write_run_summary(run_dir: Path, *, strategy: str, generations: int, center: str | None, outcome: Outcome,
-                      counts: dict[str, int], adapters: dict[str, str], compute: dict[str, Any],
-                      details: dict[str, Any] | None = None) -> dict[str, Any]:
-    summary = {"schema_version": SCHEMA_VERSION, "strategy": strategy, "generations": generations, "center": center,
-               "base": outcome.base, "final": outcome.final, "best": outcome.best,
-               "best_generation": outcome.best_generation, "best_member": outcome.best_member,
-               "best_chosen_on": outcome.best_chosen_on,
-               "best_vs_base": {k: counts[k] for k in ("improvements", "regressions", "both_wrong", "both_right")},
-               "adapters": adapters, "compute": compute, "details": details or {}}
+def write_run_summary(
+    run_dir: Path,
+    *,
+    strategy: str,
+    generations: int,
+    center: str | None,
+    outcome: Outcome,
+    counts: dict[str, int],
+    adapters: dict[str, str],
+    compute: dict[str, Any],
+    details: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "strategy": strategy,
+        "generations": generations,
+        "center": center,
+        "base": outcome.base,
+        "final": outcome.final,
+        "best": outcome.best,
+        "best_generation": outcome.best_generation,
+        "best_member": outcome.best_member,
+        "best_chosen_on": outcome.best_chosen_on,
+        "best_vs_base": {k: counts[k] for k in ("improvements", "regressions", "both_wrong", "both_right")},
+        "adapters": adapters,
+        "compute": compute,
+        "details": details or {},
+    }
     write_summary(run_dir, summary)
     return summary
 

@@ -33,10 +33,16 @@ def launch(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], No
     here = ray.get_runtime_context().get_node_id()
     # A killed driver is restarted by Ray (max_restarts); calling `run` again resumes it from
     # its last checkpoint, so the trajectory is the one an uninterrupted run takes.
-    driver = ray.remote(Driver).options(
-        num_cpus=run.hardware.driver_cpus, max_restarts=run.hardware.driver_restarts, name=driver_name(run_dir),
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
-    ).remote(run, run_dir)
+    driver = (
+        ray.remote(Driver)
+        .options(
+            num_cpus=run.hardware.driver_cpus,
+            max_restarts=run.hardware.driver_restarts,
+            name=driver_name(run_dir),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
+        )
+        .remote(run, run_dir)
+    )
     restarts = 0
     try:
         while True:

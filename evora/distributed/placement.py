@@ -32,8 +32,10 @@ def worker_count(hw: HardwareConfig) -> int:
         return hw.num_workers
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus < max(engine_gpus(hw), 1):
-        raise RuntimeError(f"hardware.num_workers=null needs GPUs, but the Ray cluster has {gpus}; "
-                           "set hardware.num_workers or use hardware=cpu")
+        raise RuntimeError(
+            f"hardware.num_workers=null needs GPUs, but the Ray cluster has {gpus}; "
+            "set hardware.num_workers or use hardware=cpu"
+        )
     return gpus // engine_gpus(hw)
 
 
@@ -43,9 +45,11 @@ def check_capacity(hw: HardwareConfig, workers: int) -> None:
     for resource, each, extra in (("CPU", hw.cpus_per_worker, hw.driver_cpus), ("GPU", engine_gpus(hw), 0)):
         need = workers * each + extra
         if need > have.get(resource, 0) + 1e-9:
-            raise RuntimeError(f"hardware: {workers} worker(s) x {each} {resource} (+ {extra} for the driver) need "
-                               f"{need:g} {resource}s but the Ray cluster has {have.get(resource, 0):g}; lower "
-                               "hardware.num_workers or hardware.cpus_per_worker")
+            raise RuntimeError(
+                f"hardware: {workers} worker(s) x {each} {resource} (+ {extra} for the driver) need "
+                f"{need:g} {resource}s but the Ray cluster has {have.get(resource, 0):g}; lower "
+                "hardware.num_workers or hardware.cpus_per_worker"
+            )
 
 
 @dataclass
@@ -67,17 +71,21 @@ def _largest_node_gpus() -> float:
 
 def _tensor_parallel_group(hw: HardwareConfig, name: str) -> PlacementGroup:
     if _largest_node_gpus() < hw.tensor_parallel_size:
-        raise RuntimeError(f"hardware.tensor_parallel_size={hw.tensor_parallel_size}: no node of the Ray cluster has "
-                           f"that many GPUs (the most on one node: {_largest_node_gpus():g}); an engine's shards "
-                           "share one node (STRICT_PACK)")
+        raise RuntimeError(
+            f"hardware.tensor_parallel_size={hw.tensor_parallel_size}: no node of the Ray cluster has "
+            f"that many GPUs (the most on one node: {_largest_node_gpus():g}); an engine's shards "
+            "share one node (STRICT_PACK)"
+        )
     bundles = [{"GPU": 1, "CPU": hw.cpus_per_worker}] + [{"GPU": 1}] * (hw.tensor_parallel_size - 1)
     group = placement_group(bundles, strategy="STRICT_PACK", name=name)
     ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:
         remove_placement_group(group)
-        raise RuntimeError(f"hardware.tensor_parallel_size={hw.tensor_parallel_size}: no node has "
-                           f"{hw.tensor_parallel_size} free GPUs for one engine within {PLACEMENT_TIMEOUT_S:g}s "
-                           "(STRICT_PACK); lower it or hardware.num_workers")
+        raise RuntimeError(
+            f"hardware.tensor_parallel_size={hw.tensor_parallel_size}: no node has "
+            f"{hw.tensor_parallel_size} free GPUs for one engine within {PLACEMENT_TIMEOUT_S:g}s "
+            "(STRICT_PACK); lower it or hardware.num_workers"
+        )
     return group
 
 
@@ -97,7 +105,8 @@ def place_workers(hw: HardwareConfig, count: int, name_prefix: str | None = None
                 raise
             placement.groups.append(group)
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
+                group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+            )
         else:
             if hw.gpus_per_worker > 0:
                 options["num_gpus"] = hw.gpus_per_worker

@@ -18,8 +18,11 @@ def init_ray(run: RunConfig) -> None:
     if ray.is_initialized():
         return  # a multirun's later jobs share the session
     hw = run.hardware
-    options: dict[str, Any] = {"log_to_driver": run.tracking.worker_logs, "logging_level": logging.WARNING,
-                               "namespace": NAMESPACE}
+    options: dict[str, Any] = {
+        "log_to_driver": run.tracking.worker_logs,
+        "logging_level": logging.WARNING,
+        "namespace": NAMESPACE,
+    }
     # Token authentication stays on; only its every-run notice is kept off the console.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if hw.address is not None:

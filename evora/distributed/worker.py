@@ -80,13 +80,24 @@ class UnitResult:
 def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = None) -> EngineSpec:
     hw, engine = run.hardware, run.engine
     return EngineSpec(
-        model=model_path, tokenizer=run.model.tokenizer, revision=run.model.revision, dtype=run.model.dtype,
-        max_model_len=run.model.max_model_len, max_lora_rank=max_lora_rank or run.lora.rank,
-        max_loras=engine.max_loras, max_cpu_loras=engine.max_loras, max_num_seqs=engine.max_num_seqs,
-        enforce_eager=engine.enforce_eager, tensor_parallel_size=hw.tensor_parallel_size,
-        gpu_memory_utilization=hw.gpu_memory_utilization, kv_cache_gib=hw.kv_cache_gib,
-        cpu_threads=hw.cpu_threads_per_worker, seed=run.seed, trust_remote_code=run.model.trust_remote_code,
-        device="cuda" if hw.gpus_per_worker > 0 else "cpu", ignore_eos=engine.ignore_eos,
+        model=model_path,
+        tokenizer=run.model.tokenizer,
+        revision=run.model.revision,
+        dtype=run.model.dtype,
+        max_model_len=run.model.max_model_len,
+        max_lora_rank=max_lora_rank or run.lora.rank,
+        max_loras=engine.max_loras,
+        max_cpu_loras=engine.max_loras,
+        max_num_seqs=engine.max_num_seqs,
+        enforce_eager=engine.enforce_eager,
+        tensor_parallel_size=hw.tensor_parallel_size,
+        gpu_memory_utilization=hw.gpu_memory_utilization,
+        kv_cache_gib=hw.kv_cache_gib,
+        cpu_threads=hw.cpu_threads_per_worker,
+        seed=run.seed,
+        trust_remote_code=run.model.trust_remote_code,
+        device="cuda" if hw.gpus_per_worker > 0 else "cpu",
+        ignore_eos=engine.ignore_eos,
         vllm_args=dict(engine.vllm_args),
     )
 
@@ -100,18 +111,34 @@ def adapter_dtype(model_dtype: str, model_path: str) -> str:
     return model_dtype if model_dtype in ADAPTER_DTYPES else "float32"
 
 
-def worker_spec(run: RunConfig, model_path: str, layout: AdapterLayout, run_tag: str, *,
-                with_strategy: bool = True, max_lora_rank: int | None = None) -> WorkerSpec:
-    return WorkerSpec(run.engine.name, engine_spec(run, model_path, max_lora_rank), run.task, run.seed, layout,
-                      adapter_dtype(run.model.dtype, model_path), run.engine.adapter_dir, run_tag,
-                      run.strategy if with_strategy else None)
+def worker_spec(
+    run: RunConfig,
+    model_path: str,
+    layout: AdapterLayout,
+    run_tag: str,
+    *,
+    with_strategy: bool = True,
+    max_lora_rank: int | None = None,
+) -> WorkerSpec:
+    return WorkerSpec(
+        run.engine.name,
+        engine_spec(run, model_path, max_lora_rank),
+        run.task,
+        run.seed,
+        layout,
+        adapter_dtype(run.model.dtype, model_path),
+        run.engine.adapter_dir,
+        run_tag,
+        run.strategy if with_strategy else None,
+    )
 
 
 def load_tokenizer(spec: EngineSpec) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(spec.tokenizer or spec.model, revision=spec.revision,
-                                         trust_remote_code=spec.trust_remote_code)
+    return AutoTokenizer.from_pretrained(
+        spec.tokenizer or spec.model, revision=spec.revision, trust_remote_code=spec.trust_remote_code
+    )
 
 
 def process_tree_rss_mb() -> float:
@@ -128,11 +155,13 @@ class EngineWorker:
         torch.set_num_threads(spec.engine.cpu_threads)
         self.task = build_task(spec.task, spec.seed)
         self.splits = self.task.splits()
-        self.renderer = PromptRenderer(load_tokenizer(spec.engine), spec.task.prompt_format,
-                                       self.task.plain_template, spec.task.system_prompt)
+        self.renderer = PromptRenderer(
+            load_tokenizer(spec.engine), spec.task.prompt_format, self.task.plain_template, spec.task.system_prompt
+        )
         self._prompt_ids: dict[tuple[str, int], list[int]] = {}
-        self.strategy = None if spec.strategy is None else get_strategy(spec.strategy.name).build(spec.strategy,
-                                                                                                    spec.seed)
+        self.strategy = (
+            None if spec.strategy is None else get_strategy(spec.strategy.name).build(spec.strategy, spec.seed)
+        )
         self.dtype = ADAPTER_DTYPES[spec.adapter_dtype]
         self.engine = create_engine(spec.engine_name, spec.engine)
         self.scratch = AdapterScratch(spec.adapter_dir, spec.run_tag)
@@ -141,8 +170,12 @@ class EngineWorker:
         import ray
 
         context = ray.get_runtime_context()
-        return {"worker": self.index, "pid": os.getpid(), "node": context.get_node_id(),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+        return {
+            "worker": self.index,
+            "pid": os.getpid(),
+            "node": context.get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        }
 
     def prompt_ids(self, split: str, index: int) -> list[int]:
         key = (split, index)
@@ -164,7 +197,7 @@ class EngineWorker:
         completions = self.engine.generate(pairs_prompts, pairs_adapters, self.max_tokens)
         generated = time.perf_counter()
         n = len(prompts)
-        rows = [completions[i * n:(i + 1) * n] for i in range(len(refs))]
+        rows = [completions[i * n : (i + 1) * n] for i in range(len(refs))]
         scores = [score_completions(self.task, [c.text for c in row], examples, self.penalty) for row in rows]
         scored = time.perf_counter()
         ppl, tokens_scored = None, 0
@@ -182,10 +215,17 @@ class EngineWorker:
             correct=np.array([s.correct for s in scores], dtype=bool),
             tokens=np.array([[c.num_tokens for c in row] for row in rows], dtype=np.int64),
             reward_errors=sum(s.errors for s in scores),
-            timings={"materialise": materialised - start, "generate": generated - materialised,
-                     "reward": scored - generated, "perplexity": time.perf_counter() - scored},
-            worker=self.index, rss_mb=process_tree_rss_mb(), tokens_prompt=len(refs) * sum(map(len, prompts)),
-            tokens_scored=tokens_scored, perplexity=ppl,
+            timings={
+                "materialise": materialised - start,
+                "generate": generated - materialised,
+                "reward": scored - generated,
+                "perplexity": time.perf_counter() - scored,
+            },
+            worker=self.index,
+            rss_mb=process_tree_rss_mb(),
+            tokens_prompt=len(refs) * sum(map(len, prompts)),
+            tokens_scored=tokens_scored,
+            perplexity=ppl,
             texts=[[c.text for c in row] for row in rows] if unit.keep_texts else None,
         )
 

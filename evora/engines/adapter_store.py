@@ -25,8 +25,9 @@ class AdapterScratch:
         self._next_id = 1
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.dir), True)
 
-    def write(self, label: str, tensors: dict[str, torch.Tensor], layout: AdapterLayout,
-              dtype: torch.dtype) -> AdapterRef:
+    def write(
+        self, label: str, tensors: dict[str, torch.Tensor], layout: AdapterLayout, dtype: torch.dtype
+    ) -> AdapterRef:
         lora_id = self._next_id
         self._next_id += 1
         path = save_adapter(self.dir / str(lora_id), tensors, layout, dtype)

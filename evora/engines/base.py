@@ -7,7 +7,9 @@ caches adapters by id, so a reused id would silently serve old weights.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -47,15 +49,29 @@ class EngineSpec:
 
 
 class Engine(Protocol):
-    def generate(self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None],
-                 max_tokens: int) -> list[Completion]:
+    def generate(
+        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int
+    ) -> list[Completion]:
         """Greedy completions of token-id prompts; adapters[i] (None: base model) applies to prompts[i]."""
 
-    def score(self, prompts: Sequence[list[int]], targets: Sequence[list[int]],
-              adapters: Sequence[AdapterRef | None]) -> list[list[float]]:
+    def score(
+        self, prompts: Sequence[list[int]], targets: Sequence[list[int]], adapters: Sequence[AdapterRef | None]
+    ) -> list[list[float]]:
         """Log-probability of each token of targets[i] following prompts[i] (teacher forcing)."""
 
     def release(self, adapters: Sequence[AdapterRef]) -> None:
         """Drop adapters from the engine's caches."""
+
+    def base_weights(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Copies (on the CPU, in the engine's dtype) of base-model weights, by their names in
+        the model's checkpoint (e.g. `model.layers.0.self_attn.q_proj.weight`)."""
+
+    def set_base_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Replace base-model weights in place, by checkpoint name: the hook full-weight
+        strategies (EGGROLL) update the engine through. Values arrive in fp32 (the caller
+        keeps fp32 master copies) and are cast to the engine's dtype; shapes must match.
+        Adapters loaded afterwards apply on top of the new weights. vLLM implements it
+        through a worker extension (`collective_rpc`), handling fused qkv / gate_up layouts
+        and tensor-parallel shards."""
 
     def shutdown(self) -> None: ...

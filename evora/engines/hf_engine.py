@@ -4,7 +4,7 @@ vLLM cannot run. One adapter at a time, its prompts batched (greedy)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -34,13 +34,18 @@ class HFEngine:
         self.device = torch.device("cuda" if spec.device == "cuda" and torch.cuda.is_available() else "cpu")
         if self.device.type == "cpu":
             torch.set_num_threads(spec.cpu_threads)
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or spec.model, revision=spec.revision,
-                                                       trust_remote_code=spec.trust_remote_code)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            spec.tokenizer or spec.model, revision=spec.revision, trust_remote_code=spec.trust_remote_code
+        )
         eos, pad_id = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         self.pad_id = pad_id if pad_id is not None else eos
-        self.model = AutoModelForCausalLM.from_pretrained(
-            spec.model, revision=spec.revision, dtype=DTYPES[spec.dtype],
-            trust_remote_code=spec.trust_remote_code).to(self.device).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(
+                spec.model, revision=spec.revision, dtype=DTYPES[spec.dtype], trust_remote_code=spec.trust_remote_code
+            )
+            .to(self.device)
+            .eval()
+        )
         # The PeftModel around self.model once an adapter was loaded: it loads, activates and
         # deletes adapters; forward and generate run on self.model, whose injected LoRA layers
         # follow set_adapter (PeftModel's own forward fails once every adapter is deleted).
@@ -55,19 +60,22 @@ class HFEngine:
         for adapter, indices in groups.items():
             with self._active(adapter):
                 for start in range(0, len(indices), self.spec.max_num_seqs):
-                    chunk = indices[start:start + self.spec.max_num_seqs]
+                    chunk = indices[start : start + self.spec.max_num_seqs]
                     for i, result in zip(chunk, run(chunk)):
                         results[i] = result
         return results  # type: ignore[return-value]
 
-    def generate(self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None],
-                 max_tokens: int) -> list[Completion]:
+    def generate(
+        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int
+    ) -> list[Completion]:
         return self._by_adapter(adapters, lambda chunk: self._greedy([prompts[i] for i in chunk], max_tokens))
 
-    def score(self, prompts: Sequence[list[int]], targets: Sequence[list[int]],
-              adapters: Sequence[AdapterRef | None]) -> list[list[float]]:
-        return self._by_adapter(adapters, lambda chunk: self._logprobs([prompts[i] for i in chunk],
-                                                                        [targets[i] for i in chunk]))
+    def score(
+        self, prompts: Sequence[list[int]], targets: Sequence[list[int]], adapters: Sequence[AdapterRef | None]
+    ) -> list[list[float]]:
+        return self._by_adapter(
+            adapters, lambda chunk: self._logprobs([prompts[i] for i in chunk], [targets[i] for i in chunk])
+        )
 
     @contextmanager
     def _active(self, adapter: AdapterRef | None) -> Iterator[None]:
@@ -90,11 +98,19 @@ class HFEngine:
     @torch.no_grad()
     def _greedy(self, prompts: list[list[int]], max_tokens: int) -> list[Completion]:
         ids, mask = pad(prompts, self.pad_id, left=True)
-        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                 max_new_tokens=max_tokens, do_sample=False, temperature=None, top_p=None,
-                                 top_k=None, min_new_tokens=max_tokens if self.spec.ignore_eos else None,
-                                 pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id)
-        rows = out[:, ids.shape[1]:].tolist()
+        out = self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            min_new_tokens=max_tokens if self.spec.ignore_eos else None,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.tokenizer.eos_token_id,
+        )
+        rows = out[:, ids.shape[1] :].tolist()
         if not self.spec.ignore_eos:
             rows = [self._until_eos(row) for row in rows]
         return [Completion(self.tokenizer.decode(row, skip_special_tokens=True), len(row)) for row in rows]
@@ -102,7 +118,7 @@ class HFEngine:
     def _until_eos(self, row: list[int]) -> list[int]:
         eos = self.tokenizer.eos_token_id
         if eos in row:
-            return row[:row.index(eos) + 1]  # EOS counts as a generated token, as in vLLM
+            return row[: row.index(eos) + 1]  # EOS counts as a generated token, as in vLLM
         return [t for t in row if t != self.pad_id]
 
     @torch.no_grad()
@@ -122,6 +138,29 @@ class HFEngine:
         for adapter in adapters:
             if adapter.name in self.peft.peft_config:
                 self.peft.delete_adapter(adapter.name)
+
+    def _base_parameter(self, name: str) -> torch.nn.Parameter:
+        """A base weight by checkpoint name, also once PEFT has wrapped its module (base_layer)."""
+        module_name, _, attribute = name.rpartition(".")
+        try:
+            module = self.model.get_submodule(module_name)
+        except AttributeError:
+            raise KeyError(f"{name}: no such base weight in {self.spec.model}") from None
+        module = getattr(module, "base_layer", module)
+        if not isinstance(getattr(module, attribute, None), torch.nn.Parameter):
+            raise KeyError(f"{name}: no such base weight in {self.spec.model}")
+        return getattr(module, attribute)
+
+    def base_weights(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        return {name: self._base_parameter(name).detach().cpu().clone() for name in names}
+
+    @torch.no_grad()
+    def set_base_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        for name, value in weights.items():
+            parameter = self._base_parameter(name)
+            if tuple(value.shape) != tuple(parameter.shape):
+                raise ValueError(f"{name}: shape {tuple(value.shape)}, the model has {tuple(parameter.shape)}")
+            parameter.copy_(value.to(device=parameter.device, dtype=parameter.dtype))
 
     def shutdown(self) -> None:
         del self.model, self.peft

@@ -22,8 +22,9 @@ import torch
 REPLACED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")
 
 
-def lora_products(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
-                  dtype: torch.dtype) -> torch.Tensor:
+def lora_products(
+    inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """Row b of the result is weights[indices[b]] @ inputs[b], or zeros where indices[b] is -1."""
     if weights.dim() == 4:
         weights = weights.squeeze(1)
@@ -37,8 +38,9 @@ def lora_products(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Te
     if indices.numel() != x.shape[0]:
         # vLLM's CPU logits path passes one index per request for one row per prompt token
         # (prompt logprobs); with several adapters the rows cannot be attributed.
-        raise RuntimeError(f"LoRA indices for {indices.numel()} rows, inputs have {x.shape[0]}: "
-                           "score one adapter per batch")
+        raise RuntimeError(
+            f"LoRA indices for {indices.numel()} rows, inputs have {x.shape[0]}: score one adapter per batch"
+        )
     for adapter in adapters[adapters >= 0].tolist():
         rows = (indices == adapter).nonzero().squeeze(1)
         out[rows] = x[rows] @ weights[adapter].to(dtype).T
@@ -60,33 +62,73 @@ def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_
         output_tensor[:, :common] = outputs[:limit, :common]
 
 
-def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size,
-                      add_inputs=True):
+def bgmv_expand_slice(
+    inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs=True
+):
     outputs = lora_products(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     if add_inputs:
-        output_tensor[:, slice_offset:slice_offset + slice_size] += outputs
+        output_tensor[:, slice_offset : slice_offset + slice_size] += outputs
     else:
-        output_tensor[:, slice_offset:slice_offset + slice_size] = outputs
+        output_tensor[:, slice_offset : slice_offset + slice_size] = outputs
 
 
 def _per_token(lora_indices_tensor, seq_len_tensor):
     return torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
 
 
-def sgmv_shrink(inputs, lora_a_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
-                batches, max_seq_length, token_nums, scaling):
+def sgmv_shrink(
+    inputs,
+    lora_a_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    scaling,
+):
     bgmv_shrink(inputs, lora_a_weights, output_tensor, _per_token(lora_indices_tensor, seq_len_tensor), scaling)
 
 
-def sgmv_expand(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
-                batches, max_seq_length, token_nums, add_inputs=False):
+def sgmv_expand(
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    add_inputs=False,
+):
     bgmv_expand(inputs, lora_b_weights, output_tensor, _per_token(lora_indices_tensor, seq_len_tensor), add_inputs)
 
 
-def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
-                      batches, max_seq_length, token_nums, slice_offset, slice_size, add_inputs=False):
-    bgmv_expand_slice(inputs, lora_b_weights, output_tensor, _per_token(lora_indices_tensor, seq_len_tensor),
-                      slice_offset, slice_size, add_inputs)
+def sgmv_expand_slice(
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    slice_offset,
+    slice_size,
+    add_inputs=False,
+):
+    bgmv_expand_slice(
+        inputs,
+        lora_b_weights,
+        output_tensor,
+        _per_token(lora_indices_tensor, seq_len_tensor),
+        slice_offset,
+        slice_size,
+        add_inputs,
+    )
 
 
 def install() -> bool:

@@ -1,4 +1,4 @@
-"""Per-layer noise scales from the base model's weights (seeds 001/002).
+"""Per-layer noise scales from the base model's weights (as the ES-over-LoRA notes scale it).
 
 Each layer's scale is the mean |W| over its target modules' base weights; the noise of
 every adapter tensor in that layer is multiplied by it.

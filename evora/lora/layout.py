@@ -52,12 +52,6 @@ class AdapterLayout:
             out[slot.b_key] = (slot.out_features, self.rank)
         return out
 
-    def slot_of(self, tensor_name: str) -> ModuleSlot:
-        for slot in self.modules:
-            if tensor_name in (slot.a_key, slot.b_key):
-                return slot
-        raise KeyError(tensor_name)
-
     def num_parameters(self) -> int:
         return sum(a * b for a, b in self.shapes().values())
 
@@ -67,9 +61,15 @@ def layer_of(module_name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def build_layout(linear_shapes: dict[str, tuple[int, int]], *, rank: int, alpha: float,
-                 target_modules: list[str] | tuple[str, ...], layers: list[int] | tuple[int, ...] | None,
-                 base_model: str) -> AdapterLayout:
+def build_layout(
+    linear_shapes: dict[str, tuple[int, int]],
+    *,
+    rank: int,
+    alpha: float,
+    target_modules: list[str] | tuple[str, ...],
+    layers: list[int] | tuple[int, ...] | None,
+    base_model: str,
+) -> AdapterLayout:
     """Select the target modules from `linear_shapes` (module name -> (out, in))."""
     wanted_layers = None if layers is None else set(layers)
     slots = []
@@ -81,15 +81,24 @@ def build_layout(linear_shapes: dict[str, tuple[int, int]], *, rank: int, alpha:
             continue
         slots.append(ModuleSlot(name, layer, in_features, out_features))
     if not slots:
-        raise ConfigError(f"lora.target_modules={list(target_modules)}: no linear module of the model matches"
-                          f" in layers {layers if layers is not None else 'all'}; model modules end in: "
-                          + ", ".join(sorted({n.rsplit('.', 1)[-1] for n in linear_shapes})))
-    return AdapterLayout(tuple(slots), rank, float(alpha), tuple(target_modules),
-                         None if layers is None else tuple(sorted(layers)), base_model)
+        raise ConfigError(
+            f"lora.target_modules={list(target_modules)}: no linear module of the model matches"
+            f" in layers {layers if layers is not None else 'all'}; model modules end in: "
+            + ", ".join(sorted({n.rsplit(".", 1)[-1] for n in linear_shapes}))
+        )
+    return AdapterLayout(
+        tuple(slots),
+        rank,
+        float(alpha),
+        tuple(target_modules),
+        None if layers is None else tuple(sorted(layers)),
+        base_model,
+    )
 
 
-def linear_shapes_of_model(model_path: str, *, revision: str | None = None,
-                           trust_remote_code: bool = False) -> dict[str, tuple[int, int]]:
+def linear_shapes_of_model(
+    model_path: str, *, revision: str | None = None, trust_remote_code: bool = False
+) -> dict[str, tuple[int, int]]:
     """Module name -> (out, in) of every nn.Linear, from the model's config alone (meta device)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -97,5 +106,8 @@ def linear_shapes_of_model(model_path: str, *, revision: str | None = None,
     config = AutoConfig.from_pretrained(model_path, revision=revision, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    return {name: tuple(module.weight.shape) for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear) and name != "lm_head"}
+    return {
+        name: tuple(module.weight.shape)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name != "lm_head"
+    }

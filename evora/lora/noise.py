@@ -22,6 +22,5 @@ def gaussian(key: int, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randn(shape, generator=generator, dtype=torch.float32)
 
 
-def member_noise(run_seed: int, generation: int, member: int, tensor_name: str,
-                 shape: tuple[int, ...]) -> torch.Tensor:
+def member_noise(run_seed: int, generation: int, member: int, tensor_name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return gaussian(noise_key(run_seed, "noise", generation, member, tensor_name), shape)

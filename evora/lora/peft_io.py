@@ -39,8 +39,12 @@ def adapter_config(layout: AdapterLayout) -> dict:
     }
 
 
-def save_adapter(directory: str | os.PathLike, tensors: dict[str, torch.Tensor], layout: AdapterLayout,
-                 dtype: torch.dtype | None = None) -> Path:
+def save_adapter(
+    directory: str | os.PathLike,
+    tensors: dict[str, torch.Tensor],
+    layout: AdapterLayout,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """Write `tensors` (PEFT names) as an adapter folder; `dtype` casts (the engine's dtype)."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
@@ -62,8 +66,9 @@ def read_adapter_config(directory: str | os.PathLike) -> dict:
     return json.loads((Path(directory) / CONFIG_FILE).read_text())
 
 
-def layout_of_adapter(directory: str | os.PathLike, linear_shapes: dict[str, tuple[int, int]],
-                      key: str = "adapter") -> AdapterLayout:
+def layout_of_adapter(
+    directory: str | os.PathLike, linear_shapes: dict[str, tuple[int, int]], key: str = "adapter"
+) -> AdapterLayout:
     """The layout a PEFT adapter folder describes, checked against its tensors."""
     from safetensors import safe_open
 
@@ -77,13 +82,20 @@ def layout_of_adapter(directory: str | os.PathLike, linear_shapes: dict[str, tup
     targets, layers = config["target_modules"], config.get("layers_to_transform")
     if isinstance(targets, str):
         raise ConfigError(f'{key}="{directory}": target_modules given as a regex is not supported; list the modules')
-    layout = build_layout(linear_shapes, rank=config["r"], alpha=config["lora_alpha"], target_modules=targets,
-                          layers=[layers] if isinstance(layers, int) else layers,
-                          base_model=config.get("base_model_name_or_path") or "")
+    layout = build_layout(
+        linear_shapes,
+        rank=config["r"],
+        alpha=config["lora_alpha"],
+        target_modules=targets,
+        layers=[layers] if isinstance(layers, int) else layers,
+        base_model=config.get("base_model_name_or_path") or "",
+    )
     with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as handle:
         stored = set(handle.keys())
     if stored != set(layout.shapes()):
         missing = sorted(set(layout.shapes()) - stored)[:2]
-        raise ConfigError(f'{key}="{directory}": its tensors do not match its adapter_config.json and the model '
-                          f"(e.g. missing {missing})")
+        raise ConfigError(
+            f'{key}="{directory}": its tensors do not match its adapter_config.json and the model '
+            f"(e.g. missing {missing})"
+        )
     return layout

@@ -13,10 +13,9 @@ import math
 
 import torch
 
+from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
 from evora.lora.noise import gaussian, noise_key
-
-Tensors = dict[str, torch.Tensor]
 
 
 def truncate_product(left: torch.Tensor, right: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,8 +42,9 @@ def resize_adapter(tensors: Tensors, source: AdapterLayout, target: AdapterLayou
     for slot in target.modules:
         old = have.get(slot.name)
         if old is None:
-            out[slot.a_key] = gaussian(noise_key(seed, "resize", slot.a_key), (target.rank, slot.in_features)) / \
-                math.sqrt(slot.in_features)
+            out[slot.a_key] = gaussian(
+                noise_key(seed, "resize", slot.a_key), (target.rank, slot.in_features)
+            ) / math.sqrt(slot.in_features)
             out[slot.b_key] = torch.zeros(slot.out_features, target.rank)
             continue
         a, b = tensors[old.a_key].float(), tensors[old.b_key].float()
@@ -53,8 +53,9 @@ def resize_adapter(tensors: Tensors, source: AdapterLayout, target: AdapterLayou
             out[slot.a_key], out[slot.b_key] = truncate_product(b * ratio, a, target.rank)
         else:
             extra = target.rank - source.rank
-            fresh = gaussian(noise_key(seed, "resize", slot.a_key), (extra, slot.in_features)) / \
-                math.sqrt(slot.in_features)
+            fresh = gaussian(noise_key(seed, "resize", slot.a_key), (extra, slot.in_features)) / math.sqrt(
+                slot.in_features
+            )
             out[slot.a_key] = torch.cat([a, fresh])
             out[slot.b_key] = torch.cat([b * ratio, torch.zeros(slot.out_features, extra)], dim=1)
     return out

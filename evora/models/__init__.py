@@ -27,7 +27,7 @@ def bundled_models() -> list[str]:
 def locate_model(spec: str, key: str = "model.path") -> ModelLocation:
     """Resolve a model reference, or raise ConfigError naming `key`."""
     if spec.startswith(BUNDLED_PREFIX):
-        name = spec[len(BUNDLED_PREFIX):]
+        name = spec[len(BUNDLED_PREFIX) :]
         folder = BUNDLED_DIR / name
         if not (folder / "config.json").is_file():
             allowed = ", ".join(BUNDLED_PREFIX + n for n in bundled_models())

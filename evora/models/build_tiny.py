@@ -56,8 +56,10 @@ def addition_sample(rng: random.Random, pairs: list[tuple[int, int]]) -> tuple[s
 
 def countdown_sample(rng: random.Random) -> tuple[str, str]:
     problem = generate_problem(rng, count=rng.choice((3, 4)))
-    return (countdown_prompt(problem["numbers"], problem["target"]),
-            f" I combine the numbers.</think>\n<answer>{problem['solution']}</answer>")
+    return (
+        countdown_prompt(problem["numbers"], problem["target"]),
+        f" I combine the numbers.</think>\n<answer>{problem['solution']}</answer>",
+    )
 
 
 def train_tokenizer(rng: random.Random):
@@ -68,23 +70,43 @@ def train_tokenizer(rng: random.Random):
     corpus = ["".join(addition_sample(rng, pairs)) for _ in range(5000)]
     corpus += ["".join(countdown_sample(rng)) for _ in range(500)]
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     # BOS on every encoded text, so vLLM and transformers tokenize prompts identically.
     tok.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", BOS)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIALS[BOS], eos_token=SPECIALS[EOS],
-                                   pad_token=SPECIALS[PAD], model_max_length=512)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=SPECIALS[BOS],
+        eos_token=SPECIALS[EOS],
+        pad_token=SPECIALS[PAD],
+        model_max_length=512,
+    )
 
 
 def build_model(vocab_size: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -99,8 +121,8 @@ def batch_of(tokenizer, samples: list[tuple[str, str]]) -> tuple[torch.Tensor, t
     ids = torch.full((len(rows), width), PAD)
     labels = torch.full((len(rows), width), -100)
     for i, (row, n_prompt) in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        labels[i, n_prompt:len(row)] = torch.tensor(row[n_prompt:])
+        ids[i, : len(row)] = torch.tensor(row)
+        labels[i, n_prompt : len(row)] = torch.tensor(row[n_prompt:])
     return ids, labels
 
 
@@ -134,11 +156,17 @@ def heldout_breakdown(model, tokenizer, n: int = 400) -> dict[str, float]:
     prompts = [tokenizer(prompt_of(a, b)).input_ids for a, b in pairs]
     width = max(map(len, prompts))
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
-    out = model.generate(input_ids=ids, attention_mask=(ids != PAD).long(), max_new_tokens=8, do_sample=False,
-                         pad_token_id=PAD, eos_token_id=EOS)[:, width:]
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=(ids != PAD).long(),
+        max_new_tokens=8,
+        do_sample=False,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+    )[:, width:]
     exact = first = 0
     for (a, b), row in zip(pairs, out.tolist()):
-        text = tokenizer.decode(row[:row.index(EOS)] if EOS in row else row)
+        text = tokenizer.decode(row[: row.index(EOS)] if EOS in row else row)
         exact += text.strip() == str(a + b)
         first += text.split(" ")[0] == str(a + b)
     return {"exact": exact / n, "first_number": first / n}
@@ -169,8 +197,13 @@ def main() -> None:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _portable_tokenizer_class(out / "tokenizer_config.json")
-    info = {"seed": SEED, "steps": args.steps, "torch": torch.__version__,
-            "parameters": sum(p.numel() for p in model.parameters()), "heldout_greedy": breakdown}
+    info = {
+        "seed": SEED,
+        "steps": args.steps,
+        "torch": torch.__version__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "heldout_greedy": breakdown,
+    }
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info))
 

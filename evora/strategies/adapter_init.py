@@ -34,5 +34,9 @@ def check_init(cfg: Any) -> None:
     require(cfg.init_b_std >= 0, "strategy.init_b_std", cfg.init_b_std, "must be >= 0")
     if cfg.init == "path":
         path = cfg.init_path
-        require(path is not None and (Path(path) / "adapter_config.json").is_file(),
-                "strategy.init_path", path, "must be a PEFT adapter directory when strategy.init=path")
+        require(
+            path is not None and (Path(path) / "adapter_config.json").is_file(),
+            "strategy.init_path",
+            path,
+            "must be a PEFT adapter directory when strategy.init=path",
+        )

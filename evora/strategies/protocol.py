@@ -18,9 +18,8 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import torch
 
+from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
-
-Tensors = dict[str, torch.Tensor]
 
 PERTURB = "perturb"  # payload + seeded noise
 CENTER = "center"  # the evaluation payload's adapter
@@ -132,5 +131,4 @@ def fitness_results(generation: int, fitness: np.ndarray) -> GenerationResults:
     for strategies driven by analytic objectives, as in the unit tests."""
     fitness = np.asarray(fitness, dtype=np.float64)
     column = fitness.reshape(-1, 1)
-    return GenerationResults(generation, (0,), column, column > 0, np.zeros_like(column, dtype=np.int64), None,
-                             fitness)
+    return GenerationResults(generation, (0,), column, column > 0, np.zeros_like(column, dtype=np.int64), None, fitness)

@@ -57,8 +57,9 @@ class StrategyEntry:
 _REGISTRY: dict[str, StrategyEntry] = {}
 
 
-def register_strategy(name: str, *, config: type, summary: str, runner: str | None = None,
-                      **fields: Any) -> Callable[[T], T]:
+def register_strategy(
+    name: str, *, config: type, summary: str, runner: str | None = None, **fields: Any
+) -> Callable[[T], T]:
     """Decorator for an ask/tell class; called as a statement when `runner` is given."""
     if not dataclasses.is_dataclass(config) or "name" not in {f.name for f in dataclasses.fields(config)}:
         raise TypeError(f"strategy {name}: config must be a dataclass with a `name` field")
@@ -89,8 +90,9 @@ def _import_path(path: str) -> StrategyEntry:
     for entry in _REGISTRY.values():
         if obj in (entry.strategy, entry.config):
             return entry
-    raise ConfigError(f'strategy.name="{path}": not a registered strategy; decorate it with '
-                      "@evora.strategies.register_strategy(...)")
+    raise ConfigError(
+        f'strategy.name="{path}": not a registered strategy; decorate it with @evora.strategies.register_strategy(...)'
+    )
 
 
 def _from_entry_points(name: str) -> StrategyEntry | None:
@@ -106,7 +108,9 @@ def get_strategy(name: str) -> StrategyEntry:
         return _REGISTRY[name]
     entry = _import_path(name) if ":" in name else _from_entry_points(name)
     if entry is None:
-        raise ConfigError(f"strategy={name}: unknown strategy; allowed: {', '.join(strategy_names())}, "
-                          "or strategy.name=<module>:<class>")
+        raise ConfigError(
+            f"strategy={name}: unknown strategy; allowed: {', '.join(strategy_names())}, "
+            "or strategy.name=<module>:<class>"
+        )
     _REGISTRY.setdefault(name, entry)
     return entry

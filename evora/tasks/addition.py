@@ -56,10 +56,11 @@ class AdditionTask:
     def splits(self) -> Splits:
         train_pool, held_pool = training_pairs(), heldout_pairs()
         train = random.Random(noise_key(self.seed, "addition-train")).sample(
-            train_pool, min(self.cfg.train_size, len(train_pool)))
+            train_pool, min(self.cfg.train_size, len(train_pool))
+        )
         random.Random(HELDOUT_SEED).shuffle(held_pool)
-        heldout = held_pool[:self.cfg.eval_size]
-        selection = held_pool[self.cfg.eval_size:self.cfg.eval_size + self.cfg.selection_size]
+        heldout = held_pool[: self.cfg.eval_size]
+        selection = held_pool[self.cfg.eval_size : self.cfg.eval_size + self.cfg.selection_size]
         return Splits(*(tuple(example_of(*p) for p in pairs) for pairs in (train, selection, heldout)))
 
     def reward(self, completion: str, example: Example) -> float:

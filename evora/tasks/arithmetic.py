@@ -29,8 +29,12 @@ def generate_expression(rng: random.Random, max_operand: int = 99) -> str:
 def example_of(expression: str) -> Example:
     value = evaluate_arithmetic(expression)
     answer = str(value.numerator)  # + - * over integers stay integral
-    return Example(f"What is {expression}? Give the final answer after ####.", answer, {"expression": expression},
-                   target=f"{expression} = {answer}\n#### {answer}")
+    return Example(
+        f"What is {expression}? Give the final answer after ####.",
+        answer,
+        {"expression": expression},
+        target=f"{expression} = {answer}\n#### {answer}",
+    )
 
 
 @register_task("arithmetic")

@@ -90,8 +90,10 @@ def task_class(name: str) -> type:
     if ":" in name:
         return load_object(name, "task.name")
     if name not in _TASKS:
-        raise ConfigError(f'task.name="{name}": unknown task; allowed: {", ".join(registered_tasks())}, '
-                          "or a class path like mypkg.tasks:MyTask")
+        raise ConfigError(
+            f'task.name="{name}": unknown task; allowed: {", ".join(registered_tasks())}, '
+            "or a class path like mypkg.tasks:MyTask"
+        )
     return _TASKS[name]
 
 
@@ -130,9 +132,9 @@ def split_examples(examples: list[Example], cfg: TaskConfig, seed: int, salt: st
 
     shuffled = list(examples)
     random.Random(noise_key(seed, salt)).shuffle(shuffled)
-    heldout = shuffled[:cfg.eval_size]
-    selection = shuffled[cfg.eval_size:cfg.eval_size + cfg.selection_size]
-    train = shuffled[cfg.eval_size + cfg.selection_size:][:cfg.train_size]
+    heldout = shuffled[: cfg.eval_size]
+    selection = shuffled[cfg.eval_size : cfg.eval_size + cfg.selection_size]
+    train = shuffled[cfg.eval_size + cfg.selection_size :][: cfg.train_size]
     return Splits(tuple(train), tuple(selection), tuple(heldout))
 
 
@@ -143,8 +145,7 @@ class Scores:
     errors: int  # reward calls that raised and scored the penalty
 
 
-def score_completions(task: Task, completions: Sequence[str], examples: Sequence[Example],
-                      penalty: float) -> Scores:
+def score_completions(task: Task, completions: Sequence[str], examples: Sequence[Example], penalty: float) -> Scores:
     rewards, correct, errors = [], [], 0
     for completion, example in zip(completions, examples):
         try:

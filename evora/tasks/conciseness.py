@@ -1,4 +1,4 @@
-"""Conciseness (the ES paper's task; seeds 001/002): answer at the length of a reference.
+"""Conciseness (the ES paper's task; the ES-over-LoRA notes): answer at the length of a reference.
 
 Reward -|len(completion) - len(target)| in characters, in [-len(completion) - len(target), 0]:
 0 is a completion exactly as long as the reference. Correct when the length is within
@@ -43,10 +43,10 @@ class ConcisenessTask:
     def splits(self) -> Splits:
         if self.cfg.data_path is not None:
             return split_examples(_examples(self.cfg.data_path), self.cfg, self.seed, "conciseness-split")
-        train = _examples(str(DATA / "conciseness_train.jsonl"))[:self.cfg.train_size]
+        train = _examples(str(DATA / "conciseness_train.jsonl"))[: self.cfg.train_size]
         test = _examples(str(DATA / "conciseness_test.jsonl"))
-        selection, heldout = test[:self.cfg.selection_size], test[self.cfg.selection_size:]
-        return Splits(tuple(train), tuple(selection), tuple(heldout[:self.cfg.eval_size]))
+        selection, heldout = test[: self.cfg.selection_size], test[self.cfg.selection_size :]
+        return Splits(tuple(train), tuple(selection), tuple(heldout[: self.cfg.eval_size]))
 
     def reward(self, completion: str, example: Example) -> float:
         return -float(length_gap(completion, example.answer))

@@ -37,8 +37,9 @@ def countdown_prompt(numbers: list[int], target: int) -> str:
     return PLAIN_TEMPLATE.format(prompt=INSTRUCTION.format(numbers=numbers, target=target)) + RESPONSE_PREFIX
 
 
-def generate_problem(rng: random.Random, count: int = 4, max_number: int = 99,
-                     max_target: int = 1000) -> dict[str, Any]:
+def generate_problem(
+    rng: random.Random, count: int = 4, max_number: int = 99, max_target: int = 1000
+) -> dict[str, Any]:
     """A solvable problem: numbers, a target reached by an expression over all of them."""
     while True:
         numbers = [rng.randint(1, max_number) for _ in range(count)]
@@ -95,10 +96,14 @@ class CountdownTask:
     def _example(problem: dict[str, Any]) -> Example:
         numbers, target = list(problem["numbers"]), int(problem["target"])
         solution = str(problem.get("solution", ""))
-        return Example(INSTRUCTION.format(numbers=numbers, target=target), solution,
-                       {"numbers": numbers, "target": target},
-                       target=f" {solution} = {target}</think>\n<answer>{solution}</answer>",
-                       prefix=RESPONSE_PREFIX, rendered=problem.get("context"))
+        return Example(
+            INSTRUCTION.format(numbers=numbers, target=target),
+            solution,
+            {"numbers": numbers, "target": target},
+            target=f" {solution} = {target}</think>\n<answer>{solution}</answer>",
+            prefix=RESPONSE_PREFIX,
+            rendered=problem.get("context"),
+        )
 
     def reward(self, completion: str, example: Example) -> float:
         # The prompt opens the think block, so the response is scored as if it began with it.

@@ -80,8 +80,12 @@ def hub_records(dataset: str, config: str | None, splits: Iterable[str]) -> dict
 
         loaded = {split: load_dataset(dataset, config, split=split) for split in splits}
     except Exception as error:  # offline, unknown dataset, missing split: all one message for the user
-        raise DataError(f"task.dataset={dataset}: cannot load it from the hub ({type(error).__name__}: "
-                        f"{str(error).splitlines()[0] if str(error) else ''}); set task.data_path to a local "
-                        "JSONL or parquet file instead") from None
-    return {split: [(dict(row), f"{dataset}[{split}] row {i + 1}") for i, row in enumerate(rows)]
-            for split, rows in loaded.items()}
+        raise DataError(
+            f"task.dataset={dataset}: cannot load it from the hub ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}); set task.data_path to a local "
+            "JSONL or parquet file instead"
+        ) from None
+    return {
+        split: [(dict(row), f"{dataset}[{split}] row {i + 1}") for i, row in enumerate(rows)]
+        for split, rows in loaded.items()
+    }

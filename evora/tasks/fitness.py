@@ -1,7 +1,7 @@
 """Per-candidate fitness from a config expression over its metrics.
 
     task.fitness: reward                          (default: the task's mean reward)
-    task.fitness: accuracy - perplexity / 100     (seed 000's LoRALab fitness)
+    task.fitness: accuracy - perplexity / 100     (the LoRALab fitness)
     task.fitness: reward - 0.001 * tokens         (reward with a length penalty)
 
 Names: reward, accuracy (mean correct), perplexity (of the reference completion, capped
@@ -20,12 +20,16 @@ from evora.errors import ConfigError
 
 VARIABLES = ("reward", "accuracy", "perplexity", "tokens")
 PERPLEXITY_CAP = 1000.0
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.Div: lambda a, b: a / b if b else 0.0}
+_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b if b else 0.0,
+}
 
 
 def perplexity(token_logprobs: Sequence[float]) -> float:
-    """exp(-mean log p) of a reference completion, capped at 1000 (seed 000)."""
+    """exp(-mean log p) of a reference completion, capped at 1000 (as LoRALab caps it)."""
     if not token_logprobs:
         return PERPLEXITY_CAP
     mean_nll = -sum(token_logprobs) / len(token_logprobs)

@@ -46,7 +46,7 @@ class GSM8KTask:
             return split_examples(_examples(read_records(cfg.data_path)), cfg, self.seed, "gsm8k-split")
         hub = hub_records(cfg.dataset or HUB_DATASET, cfg.dataset_config or HUB_CONFIG, ("train", "test"))
         pool = split_examples(_examples(hub["train"]), replace(cfg, eval_size=0), self.seed, "gsm8k-split")
-        return Splits(pool.train, pool.selection, tuple(_examples(hub["test"])[:cfg.eval_size]))
+        return Splits(pool.train, pool.selection, tuple(_examples(hub["test"])[: cfg.eval_size]))
 
     def reward(self, completion: str, example: Example) -> float:
         return numeric_match(completion, example.answer)

@@ -35,8 +35,11 @@ class JsonlTask:
         cfg, examples = self.cfg, []
         for record, where in read_records(cfg.data_path):
             require(record, where, (cfg.prompt_field, cfg.answer_field))
-            examples.append(Example(str(record[cfg.prompt_field]), str(record[cfg.answer_field]),
-                                    target=str(record.get("target", ""))))
+            examples.append(
+                Example(
+                    str(record[cfg.prompt_field]), str(record[cfg.answer_field]), target=str(record.get("target", ""))
+                )
+            )
         return split_examples(examples, cfg, self.seed, "jsonl-split")
 
     def reward(self, completion: str, example: Example) -> float:

@@ -27,8 +27,8 @@ def example_of(record: dict[str, Any], where: str) -> Example:
     options, answer = record["options"], str(record["answer"]).strip().upper()
     if not isinstance(options, list) or not 2 <= len(options) <= len(LETTERS):
         raise DataError(f"{where}: 'options' must be a list of 2 to {len(LETTERS)} options")
-    if answer not in LETTERS[:len(options)]:
-        raise DataError(f"{where}: 'answer' must be one of {', '.join(LETTERS[:len(options)])}")
+    if answer not in LETTERS[: len(options)]:
+        raise DataError(f"{where}: 'answer' must be one of {', '.join(LETTERS[: len(options)])}")
     listed = "\n".join(f"{LETTERS[i]}. {option}" for i, option in enumerate(options))
     prompt = f"{record['question']}\n{listed}\nAnswer with the letter of the correct option."
     return Example(prompt, answer, {"category": record.get("category", "")}, target=f"The answer is ({answer}).")
@@ -58,4 +58,3 @@ class MMLUProTask:
 
     def correct(self, completion: str, example: Example) -> bool:
         return self.reward(completion, example) == 1.0
-

@@ -22,8 +22,9 @@ def uses_chat_template(tokenizer: Any, prompt_format: str) -> bool:
 
 
 class PromptRenderer:
-    def __init__(self, tokenizer: Any, prompt_format: str, plain_template: str = "{prompt}",
-                 system_prompt: str | None = None):
+    def __init__(
+        self, tokenizer: Any, prompt_format: str, plain_template: str = "{prompt}", system_prompt: str | None = None
+    ):
         self.tokenizer = tokenizer
         self.chat = uses_chat_template(tokenizer, prompt_format)
         self.plain_template = plain_template

@@ -44,8 +44,15 @@ VERSION = 3  # 3: typed strategy state (state_fields of the strategy's state dat
 
 def run_state(strategy: str, state: Any, state_fields: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint holds: format and versions (checked on load), the strategy's state, the loop's."""
-    return {"format": FORMAT, "version": VERSION, "strategy": strategy, "state_type": type(state).__name__,
-            "state_version": type(state).STATE_VERSION, "state": state_fields, "loop": loop}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "strategy": strategy,
+        "state_type": type(state).__name__,
+        "state_version": type(state).STATE_VERSION,
+        "state": state_fields,
+        "loop": loop,
+    }
 
 
 def load_run_state(path: Path, strategy: str, state_type: type) -> dict[str, Any]:
@@ -61,7 +68,9 @@ def load_run_state(path: Path, strategy: str, state_type: type) -> dict[str, Any
     found = (saved.get("version"), saved.get("strategy"), saved.get("state_type"), saved.get("state_version"))
     wanted = (VERSION, strategy, state_type.__name__, state_type.STATE_VERSION)
     if found != wanted:
-        raise ConfigError(f"{path}: checkpoint format {found[0]} of strategy {found[1]} ({found[2]} v{found[3]}); "
-                          f"this evora reads format {wanted[0]} of {wanted[1]} ({wanted[2]} v{wanted[3]}): "
-                          "start a new run")
+        raise ConfigError(
+            f"{path}: checkpoint format {found[0]} of strategy {found[1]} ({found[2]} v{found[3]}); "
+            f"this evora reads format {wanted[0]} of {wanted[1]} ({wanted[2]} v{wanted[3]}): "
+            "start a new run"
+        )
     return saved

@@ -48,16 +48,22 @@ class ComputeLedger:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
     def summary(self, total_seconds: float) -> dict[str, object]:
-        return {"parameters": self.parameters, "search": self.search.summary(self.parameters),
-                "evaluation": self.evaluation.summary(self.parameters),
-                "seconds": {**self.seconds, "total": total_seconds}}
+        return {
+            "parameters": self.parameters,
+            "search": self.search.summary(self.parameters),
+            "evaluation": self.evaluation.summary(self.parameters),
+            "seconds": {**self.seconds, "total": total_seconds},
+        }
 
     def state(self) -> dict[str, object]:
         """Plain data for checkpoints."""
-        return {"parameters": self.parameters, "search": asdict(self.search), "evaluation": asdict(self.evaluation),
-                "seconds": dict(self.seconds)}
+        return {
+            "parameters": self.parameters,
+            "search": asdict(self.search),
+            "evaluation": asdict(self.evaluation),
+            "seconds": dict(self.seconds),
+        }
 
     @classmethod
     def from_state(cls, data: dict) -> "ComputeLedger":
-        return cls(int(data["parameters"]), Spend(**data["search"]), Spend(**data["evaluation"]),
-                   dict(data["seconds"]))
+        return cls(int(data["parameters"]), Spend(**data["search"]), Spend(**data["evaluation"]), dict(data["seconds"]))

@@ -28,8 +28,13 @@ def _clean(value: Any) -> Any:
 class JsonlSink:
     """Appends records to a JSONL file, fsynced; `lazy`: the file appears with its first record."""
 
-    def __init__(self, run_dir: str | Path, completed_generations: int | None = None, filename: str = METRICS_FILE,
-                 lazy: bool = False):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        completed_generations: int | None = None,
+        filename: str = METRICS_FILE,
+        lazy: bool = False,
+    ):
         self.path = Path(run_dir) / filename
         if completed_generations is not None:
             self._truncate(completed_generations)
@@ -39,8 +44,11 @@ class JsonlSink:
         """On resume, drop lines of generations the checkpoint does not cover (they are redone)."""
         if not self.path.exists():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("generation", -1) <= completed]
+        keep = [
+            line
+            for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("generation", -1) <= completed
+        ]
         self.path.write_text("".join(line + "\n" for line in keep))
 
     def log(self, record: dict[str, Any]) -> None:
@@ -58,8 +66,18 @@ class JsonlSink:
 class WandbSink:
     """One W&B run per evora run; its id is kept in the run folder so a resume continues it."""
 
-    def __init__(self, run_dir: str | Path, *, project: str, entity: str | None, group: str | None, name: str,
-                 mode: str, config: dict[str, Any], figures: Callable[[], list[Path]] | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        project: str,
+        entity: str | None,
+        group: str | None,
+        name: str,
+        mode: str,
+        config: dict[str, Any],
+        figures: Callable[[], list[Path]] | None = None,
+    ):
         import wandb
 
         self.run_dir = Path(run_dir)
@@ -67,12 +85,23 @@ class WandbSink:
         id_file = Path(run_dir) / "wandb_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
-        self.run = wandb.init(project=project, entity=entity, group=group, name=name, mode=mode, id=run_id,
-                              resume="allow", dir=str(run_dir), config=config)
+        self.run = wandb.init(
+            project=project,
+            entity=entity,
+            group=group,
+            name=name,
+            mode=mode,
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            config=config,
+        )
 
     def log(self, record: dict[str, Any]) -> None:
-        self.run.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None},
-                     step=int(record.get("generation", 0)))
+        self.run.log(
+            {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None},
+            step=int(record.get("generation", 0)),
+        )
 
     def close(self) -> None:
         """The run's figures (`evora analyze`'s plots) go to W&B too, then the run ends."""

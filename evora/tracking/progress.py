@@ -16,9 +16,11 @@ def generation_line(s: dict[str, Any], extra: tuple[tuple[str, str], ...] = ()) 
     """One generation; `extra` are the strategy's own (metrics key, label) pairs (its registry entry)."""
     heldout = f"  held-out {_fmt(s['heldout_reward'])}" if s.get("heldout_reward") is not None else ""
     own = "".join(f"  {label} {_fmt(s[key])}" for key, label in extra if s.get(key) is not None)
-    return (f"gen {s['generation']:>4}/{s['generations']}  reward {_fmt(s['reward_mean'])} "
-            f"[p20 {_fmt(s['reward_p20'])} p80 {_fmt(s['reward_p80'])} max {_fmt(s['reward_max'])}]"
-            f"{heldout}{own}  {s['seconds']:.1f}s  {s['tokens_per_second']:,.0f} tok/s")
+    return (
+        f"gen {s['generation']:>4}/{s['generations']}  reward {_fmt(s['reward_mean'])} "
+        f"[p20 {_fmt(s['reward_p20'])} p80 {_fmt(s['reward_p80'])} max {_fmt(s['reward_max'])}]"
+        f"{heldout}{own}  {s['seconds']:.1f}s  {s['tokens_per_second']:,.0f} tok/s"
+    )
 
 
 def final_lines(event: dict[str, Any]) -> list[str]:
@@ -29,13 +31,18 @@ def final_lines(event: dict[str, Any]) -> list[str]:
     found += f", member {s['best_member']}" if s["best_member"] else ""
     final_text = f" -> final {s['center']} adapter {_fmt(final['reward'])}" if final else ""
     counts, flops = s["best_vs_base"], s["compute"]["search"]["flops"]
-    lines = [f"held-out reward: base model {_fmt(base['reward'])}{final_text} (best {_fmt(best['reward'])}{found})",
-             f"best adapter vs base model, held-out: {counts['improvements']} improvements, {counts['regressions']} "
-             f"regressions (eval/best_vs_base.md)",
-             f"compute: {flops:.3g} FLOPs searching, {s['compute']['seconds']['total']:.0f}s in all"]
+    lines = [
+        f"held-out reward: base model {_fmt(base['reward'])}{final_text} (best {_fmt(best['reward'])}{found})",
+        f"best adapter vs base model, held-out: {counts['improvements']} improvements, {counts['regressions']} "
+        f"regressions (eval/best_vs_base.md)",
+        f"compute: {flops:.3g} FLOPs searching, {s['compute']['seconds']['total']:.0f}s in all",
+    ]
     # Per-member numbers stay in the summary; the console shows the strategy's headline findings.
-    lines += [f"{key.replace('_', ' ')}: {_detail(value)}" for key, value in s["details"].items()
-              if not isinstance(value, dict) or not any(isinstance(v, float) for v in value.values())]
+    lines += [
+        f"{key.replace('_', ' ')}: {_detail(value)}"
+        for key, value in s["details"].items()
+        if not isinstance(value, dict) or not any(isinstance(v, float) for v in value.values())
+    ]
     adapters = ", ".join(sorted(s["adapters"].values()))
     return lines + [f"run folder: {run_dir}  ({adapters}: PEFT layout)"]
 
@@ -49,12 +56,19 @@ def _detail(value: Any) -> str:
 
 
 class ConsoleProgress:
-    def __init__(self, enabled: bool = True, console: Console | None = None,
-                 extra: tuple[tuple[str, str], ...] = ()):
+    def __init__(self, enabled: bool = True, console: Console | None = None, extra: tuple[tuple[str, str], ...] = ()):
         self.extra = extra
         self.console = console or Console(soft_wrap=True, markup=False, highlight=False)
-        self.progress = Progress(TextColumn("evolving"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TimeRemainingColumn(), console=self.console, disable=not enabled, transient=True)
+        self.progress = Progress(
+            TextColumn("evolving"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            disable=not enabled,
+            transient=True,
+        )
         self.task = None
 
     def __enter__(self) -> "ConsoleProgress":
@@ -75,8 +89,7 @@ class ConsoleProgress:
             for line in final_lines(event):
                 self.console.print(line)
         elif kind == "driver-restart":
-            self.console.print(f"the driver was lost; restarted from the last checkpoint "
-                               f"(restart {event['restarts']})")
+            self.console.print(f"the driver was lost; restarted from the last checkpoint (restart {event['restarts']})")
             if self.task is not None:
                 self.progress.remove_task(self.task)
                 self.task = None
@@ -89,7 +102,10 @@ class ConsoleProgress:
         if event.get("adapter_parameters") is not None:
             parts.append(f"{event['adapter_parameters']:,} adapter parameters")
         base = event.get("base_heldout")
-        self.console.print(", ".join(parts) + f", set-up {event['setup_seconds']:.0f}s{resumed}"
-                           + (f"; held-out reward of the base model {_fmt(base)}" if base is not None else ""))
+        self.console.print(
+            ", ".join(parts)
+            + f", set-up {event['setup_seconds']:.0f}s{resumed}"
+            + (f"; held-out reward of the base model {_fmt(base)}" if base is not None else "")
+        )
         if event.get("population") is None:  # PBT members print their own lines (trials finish out of order)
             self.task = self.progress.add_task("generations", total=event["generations"], completed=event["start"])

@@ -20,8 +20,19 @@ from omegaconf import DictConfig
 from evora.tracking.summary import headline, read_summary
 
 SUMMARY = "sweep_summary"
-COLUMNS = ("job", "overrides", "status", "strategy", "base_heldout", "final_heldout", "best_heldout", "generations",
-           "search_flops", "wall_clock_s", "run_dir")
+COLUMNS = (
+    "job",
+    "overrides",
+    "status",
+    "strategy",
+    "base_heldout",
+    "final_heldout",
+    "best_heldout",
+    "generations",
+    "search_flops",
+    "wall_clock_s",
+    "run_dir",
+)
 
 
 def in_multirun() -> bool:
@@ -34,19 +45,39 @@ def with_sweep_tracking(run: Any) -> Any:
         return run
     hydra = HydraConfig.get()
     tracking = run.tracking
-    return replace(run, tracking=replace(
-        tracking, wandb_group=tracking.wandb_group or Path(hydra.sweep.dir).name,
-        wandb_name=tracking.wandb_name or hydra.job.override_dirname or hydra.job.num))
+    return replace(
+        run,
+        tracking=replace(
+            tracking,
+            wandb_group=tracking.wandb_group or Path(hydra.sweep.dir).name,
+            wandb_name=tracking.wandb_name or hydra.job.override_dirname or hydra.job.num,
+        ),
+    )
 
 
-def summary_row(job: int, overrides: list[str], status: str, strategy: str, summary: dict[str, Any] | None,
-                seconds: float, run_dir: str) -> dict[str, Any]:
+def summary_row(
+    job: int,
+    overrides: list[str],
+    status: str,
+    strategy: str,
+    summary: dict[str, Any] | None,
+    seconds: float,
+    run_dir: str,
+) -> dict[str, Any]:
     """One job's row from its eval/summary.json (None when the job failed)."""
-    return {"job": job, "overrides": " ".join(overrides), "status": status, "strategy": strategy,
-            "base_heldout": headline(summary, "base"), "final_heldout": headline(summary, "final"),
-            "best_heldout": headline(summary, "best"), "generations": (summary or {}).get("generations"),
-            "search_flops": (summary or {}).get("compute", {}).get("search", {}).get("flops"),
-            "wall_clock_s": round(seconds, 1), "run_dir": run_dir}
+    return {
+        "job": job,
+        "overrides": " ".join(overrides),
+        "status": status,
+        "strategy": strategy,
+        "base_heldout": headline(summary, "base"),
+        "final_heldout": headline(summary, "final"),
+        "best_heldout": headline(summary, "best"),
+        "generations": (summary or {}).get("generations"),
+        "search_flops": (summary or {}).get("compute", {}).get("search", {}).get("flops"),
+        "wall_clock_s": round(seconds, 1),
+        "run_dir": run_dir,
+    }
 
 
 def _cell(value: Any) -> str:
@@ -86,7 +117,15 @@ class SweepSummary(Callback):
         hydra = HydraConfig.get()
         completed = job_return.status == JobStatus.COMPLETED
         summary = read_summary(hydra.runtime.output_dir) if completed else None
-        self.rows.append(summary_row(hydra.job.num, list(job_return.overrides or []),
-                                     "completed" if completed else "failed", config.strategy.name, summary,
-                                     time.perf_counter() - self.started, hydra.runtime.output_dir))
+        self.rows.append(
+            summary_row(
+                hydra.job.num,
+                list(job_return.overrides or []),
+                "completed" if completed else "failed",
+                config.strategy.name,
+                summary,
+                time.perf_counter() - self.started,
+                hydra.runtime.output_dir,
+            )
+        )
         write_summary(Path(hydra.sweep.dir), self.rows)

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from evora.lora import Tensors
 from evora.lora.noise import noise_key
 
-Tensors = dict[str, torch.Tensor]
 Pair = tuple[list[int], list[int]]  # (prompt ids, target ids)
 
 
@@ -51,16 +51,25 @@ def batch_of(pairs: list[Pair], pad_id: int) -> tuple[torch.Tensor, torch.Tensor
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, ((prompt, target), row) in enumerate(zip(pairs, rows)):
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
-        labels[i, len(prompt):len(row)] = torch.tensor(target)
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+        labels[i, len(prompt) : len(row)] = torch.tensor(target)
     return ids, mask, labels
 
 
 class LoraSFT:
-    def __init__(self, model_path: str, hyperparameters: dict[str, Any], settings: TrainSettings,
-                 pairs: list[Pair], pad_id: int, adapter: Tensors | None = None,
-                 optimizer_state: dict | None = None, step: int = 0, device: str = "cpu"):
+    def __init__(
+        self,
+        model_path: str,
+        hyperparameters: dict[str, Any],
+        settings: TrainSettings,
+        pairs: list[Pair],
+        pad_id: int,
+        adapter: Tensors | None = None,
+        optimizer_state: dict | None = None,
+        step: int = 0,
+        device: str = "cpu",
+    ):
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
         from transformers import AutoModelForCausalLM
 
@@ -69,19 +78,23 @@ class LoraSFT:
         self.device = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         rank = hyperparameters["rank"]
-        config = LoraConfig(r=rank, lora_alpha=rank * hyperparameters["alpha_multiplier"],
-                            lora_dropout=hyperparameters["dropout"],
-                            target_modules=hyperparameters["target_modules"].split(","),
-                            layers_to_transform=list(settings.layers) if settings.layers else None,
-                            task_type="CAUSAL_LM")
+        config = LoraConfig(
+            r=rank,
+            lora_alpha=rank * hyperparameters["alpha_multiplier"],
+            lora_dropout=hyperparameters["dropout"],
+            target_modules=hyperparameters["target_modules"].split(","),
+            layers_to_transform=list(settings.layers) if settings.layers else None,
+            task_type="CAUSAL_LM",
+        )
         with torch.random.fork_rng(devices=[]):  # a fresh adapter's A init is seeded: members are reproducible
             torch.manual_seed(noise_key(settings.seed, "sft-init"))
             self.model = get_peft_model(base, config)
         if adapter is not None:
             set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in adapter.items()})
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=hyperparameters["learning_rate"],
-                                           weight_decay=settings.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=hyperparameters["learning_rate"], weight_decay=settings.weight_decay
+        )
         if optimizer_state is not None and self._fits(optimizer_state):
             self.optimizer.load_state_dict(optimizer_state)
 
@@ -108,8 +121,14 @@ class LoraSFT:
                 ids, mask, labels = batch_of(rng.choices(self.pairs, k=self.settings.batch_size), self.pad_id)
                 self.tokens_trained += int(mask.sum())
                 with self._autocast():
-                    loss = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      labels=labels.to(self.device)).loss / self.settings.gradient_accumulation
+                    loss = (
+                        self.model(
+                            input_ids=ids.to(self.device),
+                            attention_mask=mask.to(self.device),
+                            labels=labels.to(self.device),
+                        ).loss
+                        / self.settings.gradient_accumulation
+                    )
                 loss.backward()
                 losses.append(loss.item() * self.settings.gradient_accumulation)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)

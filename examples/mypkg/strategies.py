@@ -44,8 +44,14 @@ class Payload:
     best: Tensors
 
 
-@register_strategy("random_search", config=RandomSearchConfig, summary="random search around the best adapter",
-                   validate=check, center="incumbent", console_keys=(("best_fitness", "best"),))
+@register_strategy(
+    "random_search",
+    config=RandomSearchConfig,
+    summary="random search around the best adapter",
+    validate=check,
+    center="incumbent",
+    console_keys=(("best_fitness", "best"),),
+)
 class RandomSearch:
     state_type = RandomSearchState
 
@@ -59,9 +65,14 @@ class RandomSearch:
         return [CandidateSpec(generation, i, member=i) for i in range(self.cfg.population)], Payload(state.best)
 
     def materialise(self, payload: Payload, spec: CandidateSpec) -> Tensors:
-        return {name: value + self.cfg.scale * gaussian(
-                    noise_key(self.run_seed, "random-search", spec.generation, spec.member, name), tuple(value.shape))
-                for name, value in payload.best.items()}
+        return {
+            name: value
+            + self.cfg.scale
+            * gaussian(
+                noise_key(self.run_seed, "random-search", spec.generation, spec.member, name), tuple(value.shape)
+            )
+            for name, value in payload.best.items()
+        }
 
     def tell(self, state: RandomSearchState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
         winner = int(np.argmax(results.fitness))
@@ -70,8 +81,10 @@ class RandomSearch:
         stats = {"best_fitness": max(state.best_fitness, float(results.fitness[winner])), "winner_solved": solved}
         if results.fitness[winner] <= state.best_fitness:
             return Told(state, stats)
-        return Told(RandomSearchState(self.materialise(Payload(state.best), specs[winner]),
-                                      float(results.fitness[winner])), stats)
+        return Told(
+            RandomSearchState(self.materialise(Payload(state.best), specs[winner]), float(results.fitness[winner])),
+            stats,
+        )
 
     def center(self, state: RandomSearchState) -> Tensors:
         return state.best

@@ -14,14 +14,14 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import SMALL, cli_run, only_run_dir, run_evora
-
-from evora.tracking.summary import validate_summary
 from evora.analysis import plots
-from evora.tracking.run_dir import run_tag
 from evora.tracking.checkpoint import load
 from evora.tracking.metrics import read_metrics
+from evora.tracking.run_dir import run_tag
+from evora.tracking.summary import validate_summary
 
 pytestmark = pytest.mark.slow
+
 
 def mean_adapter(run_dir: Path, name: str = "mean") -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "adapters" / name / "adapter_model.safetensors"))
@@ -35,15 +35,19 @@ def assert_bitwise_equal(a: dict, b: dict) -> None:
 
 # --- bad input: one line, exit code 2, before Ray starts --------------------------------
 
-@pytest.mark.parametrize("override,key", [
-    ("strategy=bogus", "strategy=bogus: unknown option; allowed: es"),
-    ("strategy.population=1", "strategy.population=1"),
-    ("strategy.population=5", "strategy.population=5: must be even"),
-    ("lora.rank=3", "lora.rank=3: allowed: 1, 8"),
-    ("model.path=/missing/model/dir", "model.path=\"/missing/model/dir\""),
-    ("strategy.sigma=0.1)", "malformed override"),
-    ("task.fitness=loss*2", 'task.fitness="loss*2": unknown name "loss"'),
-])
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("strategy=bogus", "strategy=bogus: unknown option; allowed: es"),
+        ("strategy.population=1", "strategy.population=1"),
+        ("strategy.population=5", "strategy.population=5: must be even"),
+        ("lora.rank=3", "lora.rank=3: allowed: 1, 8"),
+        ("model.path=/missing/model/dir", 'model.path="/missing/model/dir"'),
+        ("strategy.sigma=0.1)", "malformed override"),
+        ("task.fitness=loss*2", 'task.fitness="loss*2": unknown name "loss"'),
+    ],
+)
 def test_bad_input_fails_in_one_line_before_ray_starts(override, key, tmp_path):
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
     result = run_evora([override, f"tracking.out_dir={tmp_path}"], cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
@@ -57,6 +61,7 @@ def test_bad_input_fails_in_one_line_before_ray_starts(override, key, tmp_path):
 
 # --- a short run: outputs and run folder ------------------------------------------------
 
+
 def test_run_folder_outputs_and_console(tmp_path):
     run_dir, stdout = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
     assert (run_dir / "config.yaml").is_file()
@@ -64,8 +69,18 @@ def test_run_folder_outputs_and_console(tmp_path):
     assert [r["generation"] for r in records] == [0, 1, 2, 3]
     assert "base_heldout_reward" in records[0] and "heldout_reward" in records[0]
     for r in records[1:]:
-        for key in ("reward_mean", "reward_min", "reward_max", "reward_p20", "reward_p80", "tokens",
-                    "seconds_materialise", "seconds_generate", "seconds_reward", "seconds_update"):
+        for key in (
+            "reward_mean",
+            "reward_min",
+            "reward_max",
+            "reward_p20",
+            "reward_p80",
+            "tokens",
+            "seconds_materialise",
+            "seconds_generate",
+            "seconds_reward",
+            "seconds_update",
+        ):
             assert key in r, key
         assert r["reward_min"] <= r["reward_p20"] <= r["reward_p80"] <= r["reward_max"]
         assert r["tokens"] > 0
@@ -97,11 +112,14 @@ def test_exported_adapters_load_in_peft(tiny_path):
 
     run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
     for name in ("mean", "best"):
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), str(run_dir / "adapters" / name))
+        model = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_path), str(run_dir / "adapters" / name)
+        )
         assert model.peft_config["default"].r == 1
 
 
 # --- determinism -------------------------------------------------------------------------
+
 
 def test_one_worker_and_two_workers_give_the_bitwise_same_mean_adapter():
     two, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
@@ -136,10 +154,12 @@ def test_resume_refuses_to_change_the_trajectory(tmp_path):
 
 # --- evaluation ---------------------------------------------------------------------------
 
+
 def test_eval_compare_writes_both_reports_and_agrees_with_the_run(tmp_path):
     run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
-    result = run_evora(["eval", f"adapter={run_dir / 'adapters' / 'best'}", "compare=true", "hardware.num_workers=1"],
-                       cwd=tmp_path)
+    result = run_evora(
+        ["eval", f"adapter={run_dir / 'adapters' / 'best'}", "compare=true", "hardware.num_workers=1"], cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "heldout accuracy: base model" in result.stdout
     report = json.loads((run_dir / "eval" / "best" / "compare.json").read_text())
@@ -156,8 +176,11 @@ def test_malformed_data_file_fails_with_file_and_line_before_ray(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n')
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
-    result = run_evora(["task=jsonl", f"task.data_path={bad}", "task.max_tokens=8", f"tracking.out_dir={tmp_path}"],
-                       cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
+    result = run_evora(
+        ["task=jsonl", f"task.data_path={bad}", "task.max_tokens=8", f"tracking.out_dir={tmp_path}"],
+        cwd=tmp_path,
+        env={"RAY_TMPDIR": str(ray_tmp)},
+    )
     assert result.returncode == 2
     assert result.stderr.strip() == f"evora: error: {bad}:2: invalid JSON: Expecting value"
     assert not any(ray_tmp.iterdir())
@@ -166,6 +189,7 @@ def test_malformed_data_file_fails_with_file_and_line_before_ray(tmp_path):
 
 # --- other engines and tasks through the whole runtime ----------------------------------
 
+
 def test_hf_engine_runs_the_same_loop():
     run_dir, stdout = cli_run(*SMALL, "generations=2", "engine=hf", "hardware.num_workers=1")
     assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2]
@@ -173,9 +197,18 @@ def test_hf_engine_runs_the_same_loop():
 
 
 def test_countdown_task_with_per_layer_noise():
-    run_dir, _ = cli_run("task=countdown", "task.max_tokens=24", "task.train_size=64", "task.eval_size=16",
-                         "task.prompts_per_generation=8", "strategy.population=4", "strategy.noise_scale=per_layer",
-                         "engine.max_loras=4", "generations=2", "hardware.num_workers=1")
+    run_dir, _ = cli_run(
+        "task=countdown",
+        "task.max_tokens=24",
+        "task.train_size=64",
+        "task.eval_size=16",
+        "task.prompts_per_generation=8",
+        "strategy.population=4",
+        "strategy.noise_scale=per_layer",
+        "engine.max_loras=4",
+        "generations=2",
+        "hardware.num_workers=1",
+    )
     records = read_metrics(run_dir)
     assert len(records) == 3 and records[1]["tokens"] > 0
     assert 0.0 <= records[1]["reward_mean"] <= 1.1
@@ -183,9 +216,17 @@ def test_countdown_task_with_per_layer_noise():
 
 # --- memory ------------------------------------------------------------------------------
 
+
 def test_worker_memory_is_flat_over_30_generations():
-    run_dir, _ = cli_run("strategy.population=8", "engine.max_loras=4", "task.prompts_per_generation=16",
-                         "task.eval_size=64", "eval_every=0", "generations=30", "hardware.num_workers=2")
+    run_dir, _ = cli_run(
+        "strategy.population=8",
+        "engine.max_loras=4",
+        "task.prompts_per_generation=16",
+        "task.eval_size=64",
+        "eval_every=0",
+        "generations=30",
+        "hardware.num_workers=2",
+    )
     records = {r["generation"]: r for r in read_metrics(run_dir)}
     at5, at30 = records[5]["worker_rss_mb"], records[30]["worker_rss_mb"]
     for worker in at5:
@@ -194,11 +235,15 @@ def test_worker_memory_is_flat_over_30_generations():
 
 # --- W&B ---------------------------------------------------------------------------------
 
+
 def test_wandb_offline_run_is_written_without_secrets(tmp_path):
     fake_key = "local-0123456789abcdef0123456789abcdef01234567"
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    result = run_evora([f"tracking.out_dir={out}", *SMALL, "generations=2", "tracking=wandb",
-                        "tracking.wandb_mode=offline"], cwd=out, env={"WANDB_API_KEY": fake_key})
+    result = run_evora(
+        [f"tracking.out_dir={out}", *SMALL, "generations=2", "tracking=wandb", "tracking.wandb_mode=offline"],
+        cwd=out,
+        env={"WANDB_API_KEY": fake_key},
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = only_run_dir(out)
     offline = list((run_dir / "wandb").glob("offline-run-*"))
@@ -246,8 +291,10 @@ def test_ga_lineage_is_a_family_tree():
 
 def test_bad_ga_configs_fail_before_ray(tmp_path):
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
-    for override, key in (("strategy.keep_top=32", "strategy.keep_top=32: must be in 1..strategy.population - 1"),
-                          ("strategy.crossover_rate=1.5", "strategy.crossover_rate=1.5: must be in [0, 1]")):
+    for override, key in (
+        ("strategy.keep_top=32", "strategy.keep_top=32: must be in 1..strategy.population - 1"),
+        ("strategy.crossover_rate=1.5", "strategy.crossover_rate=1.5: must be in [0, 1]"),
+    ):
         result = run_evora(["strategy=ga", override], cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"evora: error: {key}"), lines
@@ -265,8 +312,12 @@ def test_ga_quickstart_improves_heldout_reward():
 # --- population-based training ----------------------------------------------------------
 
 PBT = ["strategy=pbt", "generations=3"]
-TINY_PBT = {"rank": [1, 8, 16], "alpha_multiplier": [1.0, 2.0], "dropout": [0.0, 0.05],
-            "target_modules": ["down_proj", "q_proj,v_proj"]}  # conf/tuning/tiny_pbt.yaml
+TINY_PBT = {
+    "rank": [1, 8, 16],
+    "alpha_multiplier": [1.0, 2.0],
+    "dropout": [0.0, 0.05],
+    "target_modules": ["down_proj", "q_proj,v_proj"],
+}  # conf/tuning/tiny_pbt.yaml
 
 
 def test_pbt_finishes_with_a_best_adapter_at_least_as_good_as_the_median_member():
@@ -279,7 +330,8 @@ def test_pbt_finishes_with_a_best_adapter_at_least_as_good_as_the_median_member(
     assert summary["compute"]["search"]["tokens_trained"] > 0 and summary["compute"]["search"]["flops_training"] > 0
     trials = read_metrics(run_dir, "trials.jsonl")
     assert sorted({(t["trial"], t["generation"]) for t in trials}) == sorted(
-        {(t["trial"], g) for t in trials for g in (1, 2, 3)})
+        {(t["trial"], g) for t in trials for g in (1, 2, 3)}
+    )
     assert len({t["trial"] for t in trials}) == 4
     lineage = read_metrics(run_dir, "lineage.jsonl")
     assert lineage and all(r["op"] == "exploit" and r["parent"] for r in lineage)
@@ -303,10 +355,20 @@ def test_pbt_experiment_killed_after_the_first_perturbation_resumes(tmp_path):
 
     out, ray_tmp = Path(tempfile.mkdtemp(prefix="evora-test-")), Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp)}
-    process = subprocess.Popen(evora_cmd("tracking.progress=false", "strategy=pbt", "generations=3",
-                                         "strategy.steps_per_generation=10",
-                                         f"tracking.out_dir={out}"), cwd=out, env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        evora_cmd(
+            "tracking.progress=false",
+            "strategy=pbt",
+            "generations=3",
+            "strategy.steps_per_generation=10",
+            f"tracking.out_dir={out}",
+        ),
+        cwd=out,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     lineage = None
     deadline = time.monotonic() + 600
     while process.poll() is None and time.monotonic() < deadline:  # until the first exploit is recorded
@@ -331,9 +393,11 @@ def test_pbt_experiment_killed_after_the_first_perturbation_resumes(tmp_path):
 
 def test_bad_pbt_search_spaces_fail_before_ray(tmp_path):
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
-    for override, message in (("strategy.ranks=[]", "strategy.ranks=[]: must list at least one value"),
-                              ("strategy.ranks=[3,8]", "strategy.ranks=[3, 8]: rank 3 is not one vLLM serves"),
-                              ("strategy.learning_rates=[0.001,0]", "every learning rate must be > 0")):
+    for override, message in (
+        ("strategy.ranks=[]", "strategy.ranks=[]: must list at least one value"),
+        ("strategy.ranks=[3,8]", "strategy.ranks=[3, 8]: rank 3 is not one vLLM serves"),
+        ("strategy.learning_rates=[0.001,0]", "every learning rate must be > 0"),
+    ):
         result = run_evora(["strategy=pbt", override], cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and message in lines[0], lines
@@ -353,12 +417,18 @@ def test_pbt_members_that_cannot_fit_beside_the_engines_stop_the_run_at_start(tm
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("args,expected", [
-    ((*SMALL, "generations=3", "hardware.num_workers=2"), {"reward", "timing"}),
-    ((*GA, "generations=3", "hardware.num_workers=2"), {"reward", "timing", "lineage", "mutations"}),
-    ((*PBT, "tracking=wandb", "tracking.wandb_mode=offline"),
-     {"reward", "lineage", "mutations", "hyperparameters", "survival"}),
-], ids=["es", "ga", "pbt"])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        ((*SMALL, "generations=3", "hardware.num_workers=2"), {"reward", "timing"}),
+        ((*GA, "generations=3", "hardware.num_workers=2"), {"reward", "timing", "lineage", "mutations"}),
+        (
+            (*PBT, "tracking=wandb", "tracking.wandb_mode=offline"),
+            {"reward", "lineage", "mutations", "hyperparameters", "survival"},
+        ),
+    ],
+    ids=["es", "ga", "pbt"],
+)
 def test_analyze_real_runs_writes_every_plot_and_a_report(args, expected, tmp_path):
     run_dir, _ = cli_run(*args)
     copy = shutil.copytree(run_dir, tmp_path / run_dir.name)  # other tests read the cached run as it was
@@ -372,9 +442,14 @@ def test_analyze_real_runs_writes_every_plot_and_a_report(args, expected, tmp_pa
     report = (copy / "report.md").read_text()
     assert "adapters/best" in report and "plots/reward.png" in report
     # The figures behind the PNGs, drawn again from the real run's files: titled, labelled, not empty.
-    XLABELS = {"reward": "generation", "timing": "generation", "lineage": "generation",
-               "mutations": {"operator", "changed hyperparameter"}, "hyperparameters": "learning rate",
-               "survival": None}
+    XLABELS = {
+        "reward": "generation",
+        "timing": "generation",
+        "lineage": "generation",
+        "mutations": {"operator", "changed hyperparameter"},
+        "hyperparameters": "learning rate",
+        "survival": None,
+    }
     for name, make in plots.figures(copy).items():
         ax = make().axes[0]
         assert ax.get_title(), name
@@ -399,6 +474,7 @@ def test_runs_list_shows_real_runs_and_their_status(tmp_path):
 
 
 # --- the quickstart ----------------------------------------------------------------------
+
 
 def test_quickstart_improves_heldout_reward_over_the_base_model():
     run_dir, stdout = cli_run()  # the default config: what `make run` runs

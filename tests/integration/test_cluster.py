@@ -24,17 +24,20 @@ from safetensors.torch import load_file
 
 from conftest import ROOT, SMALL, cli_run, evora_cmd, only_run_dir, run_evora
 from evora.config.compose import compose_run
-from evora.tracking.run_dir import run_tag
 from evora.distributed.launch import NAMESPACE, driver_name
 from evora.distributed.placement import place_workers, worker_count
 from evora.tracking.metrics import read_metrics
+from evora.tracking.run_dir import run_tag
 
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 GPUS_PER_NODE = 2
-FAKE_SECRETS = {"WANDB_API_KEY": "local-fake0123456789abcdef0123456789abcdef0123",
-                "HF_TOKEN": "hf_fakeTokenValue0123456789", "EVORA_TEST_SERVICE_KEY": "fake-service-key-98765"}
+FAKE_SECRETS = {
+    "WANDB_API_KEY": "local-fake0123456789abcdef0123456789abcdef0123",
+    "HF_TOKEN": "hf_fakeTokenValue0123456789",
+    "EVORA_TEST_SERVICE_KEY": "fake-service-key-98765",
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +64,7 @@ def cluster():
 
 # --- placement ----------------------------------------------------------------------------
 
+
 @ray.remote(num_gpus=1, num_cpus=0)
 def shard_gpu() -> tuple[str, list]:
     return ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()
@@ -73,8 +77,14 @@ class Probe:
         group = ray.util.get_current_placement_group()
         shards = []
         if group is not None:  # as vLLM's Ray executor does: one shard per bundle of the worker's group
-            shards = ray.get([shard_gpu.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=i)).remote() for i in range(len(group.bundle_specs))])
+            shards = ray.get(
+                [
+                    shard_gpu.options(
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
+                    ).remote()
+                    for i in range(len(group.bundle_specs))
+                ]
+            )
         return {"node": ray.get_runtime_context().get_node_id(), "gpus": ray.get_gpu_ids(), "shards": shards}
 
 
@@ -126,8 +136,13 @@ FAULT_RUN = (*SMALL, "generations=2", "engine=hf")  # the reference: hardware.nu
 
 def start_on(cluster: Cluster) -> tuple[Path, subprocess.Popen]:
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    args = [*FAULT_RUN, "hardware=multinode_cpu", f"hardware.address={cluster.address}", f"tracking.out_dir={out}",
-            "tracking.progress=false"]
+    args = [
+        *FAULT_RUN,
+        "hardware=multinode_cpu",
+        f"hardware.address={cluster.address}",
+        f"tracking.out_dir={out}",
+        "tracking.progress=false",
+    ]
     return out, subprocess.Popen(evora_cmd(*args), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -176,8 +191,11 @@ def assert_same_result(run_dir: Path, reference: Path) -> None:
 def test_killed_driver_restarts_from_its_checkpoint_with_the_same_result(cluster):
     reference, _ = cli_run(*FAULT_RUN, "hardware.num_workers=1")
     out, process = start_on(cluster)
-    run_dir = wait_for(process, lambda: (d := run_folder(out)) and (d / "checkpoints" / "latest.pt").exists() and d,
-                       "the first checkpoint")
+    run_dir = wait_for(
+        process,
+        lambda: (d := run_folder(out)) and (d / "checkpoints" / "latest.pt").exists() and d,
+        "the first checkpoint",
+    )
     ray.kill(ray.get_actor(driver_name(str(run_dir))), no_restart=False)
     stdout = finish(process)
     assert "restarted from the last checkpoint" in stdout and "resumed at generation 1" in stdout, stdout
@@ -202,12 +220,25 @@ def test_killed_worker_and_removed_node_do_not_change_the_result(cluster):
 
 # --- Hydra multirun -------------------------------------------------------------------------
 
+
 def test_multirun_shares_one_ray_session_groups_wandb_runs_and_writes_a_sweep_summary():
     out, ray_tmp = Path(tempfile.mkdtemp(prefix="evora-test-")), Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
-    result = run_evora(["-m", "strategy=es,ga", "generations=1", "engine=hf", "hardware.num_workers=1",
-                        "task.prompts_per_generation=8", "task.eval_size=16", "tracking=wandb",
-                        "tracking.wandb_mode=offline", f"tracking.out_dir={out}"], cwd=out,
-                       env={**FAKE_SECRETS, "RAY_TMPDIR": str(ray_tmp)})
+    result = run_evora(
+        [
+            "-m",
+            "strategy=es,ga",
+            "generations=1",
+            "engine=hf",
+            "hardware.num_workers=1",
+            "task.prompts_per_generation=8",
+            "task.eval_size=16",
+            "tracking=wandb",
+            "tracking.wandb_mode=offline",
+            f"tracking.out_dir={out}",
+        ],
+        cwd=out,
+        env={**FAKE_SECRETS, "RAY_TMPDIR": str(ray_tmp)},
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     sweep = only_run_dir(out)
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
@@ -255,10 +286,17 @@ LISTENERS = textwrap.dedent("""
 
 def test_local_ray_listens_on_loopback_only_and_has_no_dashboard():
     ray_tmp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
-    result = subprocess.run([sys.executable, "-c", LISTENERS], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
+    result = subprocess.run(
+        [sys.executable, "-c", LISTENERS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["node_ip"] == "127.0.0.1" and not report["dashboard"]
-    assert report["listening"] and all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip in report["listening"]), \
+    assert report["listening"] and all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip in report["listening"]), (
         report["listening"]
+    )

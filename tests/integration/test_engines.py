@@ -14,7 +14,11 @@ from evora.tasks.addition import heldout_pairs, prompt_of
 from evora.tasks.countdown import countdown_prompt
 
 PROMPT_TEXTS = [prompt_of(a, b) for a, b in heldout_pairs()[7::40]][:28] + [
-    countdown_prompt([3, 5, 7], 22), countdown_prompt([10, 2, 4, 8], 40), "7+", "12"]
+    countdown_prompt([3, 5, 7], 22),
+    countdown_prompt([10, 2, 4, 8], 40),
+    "7+",
+    "12",
+]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +58,14 @@ def scratch():
 @pytest.fixture(scope="module")
 def layout(tiny_shapes, tiny_path):
     # Restricted to layer 1: vLLM ignores layers_to_transform, so this is the hard case.
-    return build_layout(tiny_shapes, rank=8, alpha=16, target_modules=["q_proj", "v_proj", "down_proj"],
-                        layers=[1], base_model=tiny_path)
+    return build_layout(
+        tiny_shapes,
+        rank=8,
+        alpha=16,
+        target_modules=["q_proj", "v_proj", "down_proj"],
+        layers=[1],
+        base_model=tiny_path,
+    )
 
 
 def texts(engine, adapter, prompts, max_tokens=12):
@@ -89,8 +99,9 @@ def test_vllm_applies_exactly_the_written_layers(vllm_engine, scratch, layout, t
     expected = []
     for prompt in prompts:
         ids = torch.tensor([prompt])
-        out = merged.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
-                              eos_token_id=tok.eos_token_id)[0, ids.shape[1]:].tolist()
+        out = merged.generate(
+            ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+        )[0, ids.shape[1] :].tolist()
         expected.append(tok.decode(out, skip_special_tokens=True))
     assert texts(vllm_engine, ref, prompts) == expected
     vllm_engine.release([ref])
@@ -105,20 +116,22 @@ def test_mixed_batch_serves_each_request_its_own_adapter(vllm_engine, scratch, l
     n = len(prompts)
     mixed = vllm_engine.generate(prompts * 3, [a] * n + [None] * n + [b] * n, 12)
     assert [c.text for c in mixed[:n]] == alone_a
-    assert [c.text for c in mixed[n:2 * n]] == texts(vllm_engine, None, prompts)
-    assert [c.text for c in mixed[2 * n:]] == alone_b
+    assert [c.text for c in mixed[n : 2 * n]] == texts(vllm_engine, None, prompts)
+    assert [c.text for c in mixed[2 * n :]] == alone_b
     vllm_engine.release([a, b])
 
 
 def test_base_requests_stay_base_when_every_adapter_slot_is_busy(vllm_engine, scratch, layout, prompts):
     """vLLM's CPU LoRA ops gave base-model rows the last slot's adapter when max_loras
     adapters shared the batch; evora's replacement must not."""
-    refs = [scratch.write(f"busy{i}", random_adapter(layout, seed=10 + i, a_std=None, b_std=1.0), layout,
-                          torch.float32) for i in range(4)]  # max_loras=4: every slot in use
+    refs = [
+        scratch.write(f"busy{i}", random_adapter(layout, seed=10 + i, a_std=None, b_std=1.0), layout, torch.float32)
+        for i in range(4)
+    ]  # max_loras=4: every slot in use
     n = len(prompts)
     mixed = vllm_engine.generate(prompts * 5, [r for r in refs for _ in prompts] + [None] * n, 12)
-    assert [c.text for c in mixed[4 * n:]] == texts(vllm_engine, None, prompts)
-    assert [c.text for c in mixed[3 * n:4 * n]] == texts(vllm_engine, refs[3], prompts)
+    assert [c.text for c in mixed[4 * n :]] == texts(vllm_engine, None, prompts)
+    assert [c.text for c in mixed[3 * n : 4 * n]] == texts(vllm_engine, refs[3], prompts)
     vllm_engine.release(refs)
 
 
@@ -172,3 +185,25 @@ def test_perplexity_of_vllm_and_hf_agree_within_one_percent(vllm_engine, hf_engi
     assert len(set(round(p, 3) for p in ppl_vllm)) > 1  # per-example values, not one constant
     vllm_engine.release([ref])
     hf_engine.release([ref])
+
+
+def test_hf_engine_changes_its_base_weights_in_place_under_an_adapter(spec, scratch, layout, prompts):
+    """The engine protocol's base-weight hook (full-weight ES updates engines through it)."""
+    engine = create_engine("hf", spec)
+    name = "model.layers.1.mlp.down_proj.weight"
+    original = engine.base_weights([name])[name]
+    before = texts(engine, None, prompts)
+    adapter = scratch.write("hook", random_adapter(layout, 5, None, 0.05), layout, torch.float32)
+    texts(engine, adapter, prompts)  # PEFT now wraps down_proj: the name must still reach its base weight
+    changed = original + 0.5 * torch.randn(original.shape, generator=torch.Generator().manual_seed(0))
+    engine.set_base_weights({name: changed})
+    assert torch.equal(engine.base_weights([name])[name], changed)
+    assert texts(engine, None, prompts) != before
+    engine.set_base_weights({name: original})
+    assert texts(engine, None, prompts) == before
+    with pytest.raises(ValueError, match="shape"):
+        engine.set_base_weights({name: original.T})
+    with pytest.raises(KeyError, match="no such base weight"):
+        engine.base_weights(["model.layers.9.mlp.down_proj.weight"])
+    engine.release([adapter])
+    scratch.remove([adapter])

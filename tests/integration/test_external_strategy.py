@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SMALL, only_run_dir, run_evora
 
+from conftest import ROOT, SMALL, only_run_dir, run_evora
 from evora.tracking.checkpoint import load
 from evora.tracking.metrics import read_metrics
 from evora.tracking.summary import validate_summary
@@ -30,16 +30,24 @@ def user_package(tmp_path_factory) -> Path:
 
 
 def test_no_evora_file_knows_the_example_strategy():
-    found = subprocess.run(["grep", "-rlE", "RandomSearch|random_search|userpkg", str(ROOT / "evora"), str(ROOT / "conf")],
-                           capture_output=True, text=True)
+    found = subprocess.run(
+        ["grep", "-rlE", "RandomSearch|random_search|userpkg", str(ROOT / "evora"), str(ROOT / "conf")],
+        capture_output=True,
+        text=True,
+    )
     assert found.stdout == "", found.stdout
 
 
 @pytest.mark.slow
 def test_a_user_strategy_runs_checkpoints_resumes_and_compares(user_package, tmp_path):
     env = {"PYTHONPATH": str(user_package)}
-    args = [f"strategy.name={STRATEGY}", "strategy.population=4", *SMALL[1:], "hardware.num_workers=1",
-            f"tracking.out_dir={tmp_path}"]
+    args = [
+        f"strategy.name={STRATEGY}",
+        "strategy.population=4",
+        *SMALL[1:],
+        "hardware.num_workers=1",
+        f"tracking.out_dir={tmp_path}",
+    ]
     first = run_evora([*args, "generations=2"], cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-4000:]
     run_dir = only_run_dir(tmp_path)

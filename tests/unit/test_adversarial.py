@@ -19,8 +19,19 @@ PWNED = "/tmp/pwned"
 ANSWERS = ["42", "B", "hello world", r"(a+)+$"]
 MAX_SECONDS = 0.050
 REPEATS = 3
-EXECUTION_EVENTS = frozenset({"exec", "os.system", "subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn",
-                              "socket.connect", "os.fork", "os.forkpty"})
+EXECUTION_EVENTS = frozenset(
+    {
+        "exec",
+        "os.system",
+        "subprocess.Popen",
+        "os.posix_spawn",
+        "os.exec",
+        "os.spawn",
+        "socket.connect",
+        "os.fork",
+        "os.forkpty",
+    }
+)
 
 # Audit hooks cannot be removed: install one per process, recording only while a test asks.
 _AUDIT = {"installed": False, "recording": False, "events": []}
@@ -46,7 +57,7 @@ def _payloads():
         "subprocess": "__import__('subprocess').Popen(['touch', '/tmp/pwned'])",
         "subclasses": "().__class__.__bases__[0].__subclasses__()",
         "lambda": "(lambda: __import__('os').system('touch /tmp/pwned'))()",
-        "fstring": "f'{__import__(\"os\").system(\"touch /tmp/pwned\")}'",
+        "fstring": 'f\'{__import__("os").system("touch /tmp/pwned")}\'',
         "pow_tower": "9**9**9**9",
         "pow_big": "2**10**10",
         "shift_big": "1<<10**9",
@@ -132,9 +143,11 @@ def _wrappers():
 
 
 def _corpus():
-    return [(f"{payload_name}/{wrapper_name}", wrap(payload))
-            for payload_name, payload in _payloads().items()
-            for wrapper_name, wrap in _wrappers().items()]
+    return [
+        (f"{payload_name}/{wrapper_name}", wrap(payload))
+        for payload_name, payload in _payloads().items()
+        for wrapper_name, wrap in _wrappers().items()
+    ]
 
 
 CORPUS = _corpus()
@@ -143,8 +156,11 @@ _SLOWEST = {"seconds": 0.0, "call": None}
 
 def _calls(text):
     """(label, thunk, lowest allowed, highest allowed) for every function scored on `text`."""
-    calls = [(f"{name}[{answer!r}]", (lambda f=fn, a=answer: f(text, a)), 0.0, 1.0)
-             for name, fn in SCORERS.items() for answer in ANSWERS]
+    calls = [
+        (f"{name}[{answer!r}]", (lambda f=fn, a=answer: f(text, a)), 0.0, 1.0)
+        for name, fn in SCORERS.items()
+        for answer in ANSWERS
+    ]
     calls += [(f"exact_answer[{answer!r}]", (lambda a=answer: exact_answer(text, a)), 0.0, 1.0) for answer in ANSWERS]
     calls.append(("countdown_reward", lambda: countdown_reward(text, [3, 5, 7], 22), 0.0, 1.1))
     return calls

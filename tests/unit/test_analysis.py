@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import make_summary
 
+from conftest import make_summary
 from evora.analysis import plots, report
 from evora.cli import main
 
@@ -23,9 +23,20 @@ def _jsonl(path: Path, records: list[dict]) -> None:
 def _es_metrics(generations: int = 6) -> list[dict]:
     records = [{"generation": 0, "heldout_reward": 0.5, "base_heldout_reward": 0.5, "time": 0.0}]
     for g in range(1, generations + 1):
-        r = {"generation": g, "reward_mean": 0.5 + 0.05 * g, "reward_min": 0.1, "reward_max": 0.9 + 0.01 * g,
-             "reward_p20": 0.4 + 0.04 * g, "reward_p80": 0.6 + 0.05 * g, "tokens": 1000, "tokens_per_second": 7000.0,
-             "seconds_materialise": 0.02, "seconds_generate": 2.0, "seconds_reward": 0.001, "seconds_update": 0.003}
+        r = {
+            "generation": g,
+            "reward_mean": 0.5 + 0.05 * g,
+            "reward_min": 0.1,
+            "reward_max": 0.9 + 0.01 * g,
+            "reward_p20": 0.4 + 0.04 * g,
+            "reward_p80": 0.6 + 0.05 * g,
+            "tokens": 1000,
+            "tokens_per_second": 7000.0,
+            "seconds_materialise": 0.02,
+            "seconds_generate": 2.0,
+            "seconds_reward": 0.001,
+            "seconds_update": 0.003,
+        }
         if g % 3 == 0:
             r["heldout_reward"] = {3: 0.9, 6: 0.85}[g]  # peaks before the end
         records.append(r)
@@ -33,47 +44,110 @@ def _es_metrics(generations: int = 6) -> list[dict]:
 
 
 def _config(strategy: dict, generations: int = 6) -> dict:
-    return {"seed": 0, "name": "quickstart", "generations": generations, "model": {"name": "tiny", "path": "evora:tiny"},
-            "task": {"name": "addition"}, "strategy": strategy}
+    return {
+        "seed": 0,
+        "name": "quickstart",
+        "generations": generations,
+        "model": {"name": "tiny", "path": "evora:tiny"},
+        "task": {"name": "addition"},
+        "strategy": strategy,
+    }
 
 
 @pytest.fixture
 def es_run(tmp_path: Path) -> Path:
     run = tmp_path / "2026-01-01_00-00-00_quickstart"
     (run / "eval").mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(_config({"name": "es", "population": 32, "sigma": 0.3, "lr": 0.05})))
+    (run / "config.yaml").write_text(
+        yaml.safe_dump(_config({"name": "es", "population": 32, "sigma": 0.3, "lr": 0.05}))
+    )
     _jsonl(run / "metrics.jsonl", _es_metrics())
     (run / "eval" / "summary.json").write_text(json.dumps(make_summary(0.5, 0.9, 0.85)))
-    (run / "eval" / "best_vs_base.json").write_text(json.dumps(
-        {"task": "addition", "split": "heldout", "adapter": "adapters/best", "examples": 8,
-         "adapter_metrics": {"reward": 0.9, "accuracy": 0.875}, "base_metrics": {"reward": 0.5, "accuracy": 0.5},
-         "counts": {"improvements": 3, "regressions": 0, "both_wrong": 1, "both_right": 4}, "improvements": []}))
+    (run / "eval" / "best_vs_base.json").write_text(
+        json.dumps(
+            {
+                "task": "addition",
+                "split": "heldout",
+                "adapter": "adapters/best",
+                "examples": 8,
+                "adapter_metrics": {"reward": 0.9, "accuracy": 0.875},
+                "base_metrics": {"reward": 0.5, "accuracy": 0.5},
+                "counts": {"improvements": 3, "regressions": 0, "both_wrong": 1, "both_right": 4},
+                "improvements": [],
+            }
+        )
+    )
     return run
 
 
 GA_LINEAGE = [
     {"generation": 1, "id": "g0-00-init", "index": 0, "op": "elite", "parents": [], "fitness": 0.5, "survived": True},
-    {"generation": 1, "id": "g1-01-mutate", "index": 1, "op": "mutate", "parents": ["g0-00-init"], "fitness": 0.6,
-     "survived": True},
-    {"generation": 1, "id": "g1-02-mutate", "index": 2, "op": "mutate", "parents": ["g0-00-init"], "fitness": 0.3,
-     "survived": False},
+    {
+        "generation": 1,
+        "id": "g1-01-mutate",
+        "index": 1,
+        "op": "mutate",
+        "parents": ["g0-00-init"],
+        "fitness": 0.6,
+        "survived": True,
+    },
+    {
+        "generation": 1,
+        "id": "g1-02-mutate",
+        "index": 2,
+        "op": "mutate",
+        "parents": ["g0-00-init"],
+        "fitness": 0.3,
+        "survived": False,
+    },
     {"generation": 2, "id": "g1-01-mutate", "index": 0, "op": "elite", "parents": [], "fitness": 0.6, "survived": True},
-    {"generation": 2, "id": "g2-01-crossover", "index": 1, "op": "crossover",
-     "parents": ["g1-01-mutate", "g0-00-init"], "fitness": 0.7, "survived": True},
-    {"generation": 2, "id": "g2-02-mutate", "index": 2, "op": "mutate", "parents": ["g1-01-mutate"], "fitness": 0.4,
-     "survived": False},
+    {
+        "generation": 2,
+        "id": "g2-01-crossover",
+        "index": 1,
+        "op": "crossover",
+        "parents": ["g1-01-mutate", "g0-00-init"],
+        "fitness": 0.7,
+        "survived": True,
+    },
+    {
+        "generation": 2,
+        "id": "g2-02-mutate",
+        "index": 2,
+        "op": "mutate",
+        "parents": ["g1-01-mutate"],
+        "fitness": 0.4,
+        "survived": False,
+    },
 ]
 
 
 def _trials() -> list[dict]:
     rows = []
-    for g, members in ((1, [(1, 0.003, 0.9), (16, 0.001, 0.5), (8, 0.0003, 0.4)]),
-                       (2, [(1, 0.003, 0.92), (1, 0.00375, 0.8), (16, 0.001, 0.55)])):
+    for g, members in (
+        (1, [(1, 0.003, 0.9), (16, 0.001, 0.5), (8, 0.0003, 0.4)]),
+        (2, [(1, 0.003, 0.92), (1, 0.00375, 0.8), (16, 0.001, 0.55)]),
+    ):
         for i, (rank, lr, fitness) in enumerate(members):
-            rows.append({"trial": f"t{i}", "generation": g, "member": f"r{rank}_lr{lr}_g{g - 1}", "parent": "",
-                         "fitness": fitness, "reward": fitness, "accuracy": fitness, "perplexity": 1.2, "loss": 0.2,
-                         "step": 20 * g, "rank": rank, "alpha_multiplier": 2.0, "learning_rate": lr, "dropout": 0.0,
-                         "target_modules": "down_proj"})
+            rows.append(
+                {
+                    "trial": f"t{i}",
+                    "generation": g,
+                    "member": f"r{rank}_lr{lr}_g{g - 1}",
+                    "parent": "",
+                    "fitness": fitness,
+                    "reward": fitness,
+                    "accuracy": fitness,
+                    "perplexity": 1.2,
+                    "loss": 0.2,
+                    "step": 20 * g,
+                    "rank": rank,
+                    "alpha_multiplier": 2.0,
+                    "learning_rate": lr,
+                    "dropout": 0.0,
+                    "target_modules": "down_proj",
+                }
+            )
     return rows
 
 
@@ -84,16 +158,42 @@ def pbt_run(tmp_path: Path) -> Path:
     (run / "config.yaml").write_text(yaml.safe_dump(_config({"name": "pbt", "population": 3}, 2)))
     trials = _trials()
     _jsonl(run / "trials.jsonl", trials)
-    _jsonl(run / "metrics.jsonl", [{"generation": g, "fitness_max": max(f), "fitness_median": sorted(f)[1],
-                                    "fitness_min": min(f), "trials": 3}
-                                   for g in (1, 2) for f in [[t["fitness"] for t in trials if t["generation"] == g]]])
-    _jsonl(run / "lineage.jsonl", [
-        {"generation": 1, "op": "exploit", "trial": "t1", "from_trial": "t0", "parent": "r1_lr0.003_g0",
-         "id": "r1_lr0.00375_g1", "fitness": 0.9, "changes": {"learning_rate": [0.003, 0.00375]},
-         "operations": {"learning_rate": "x1.25"}}])
-    (run / "eval" / "summary.json").write_text(json.dumps(make_summary(
-        0.47, 0.95, strategy="pbt", best_member="r1_lr0.003_g0", best_generation=None,
-        details={"best_hyperparameters": {"rank": 1}})))
+    _jsonl(
+        run / "metrics.jsonl",
+        [
+            {"generation": g, "fitness_max": max(f), "fitness_median": sorted(f)[1], "fitness_min": min(f), "trials": 3}
+            for g in (1, 2)
+            for f in [[t["fitness"] for t in trials if t["generation"] == g]]
+        ],
+    )
+    _jsonl(
+        run / "lineage.jsonl",
+        [
+            {
+                "generation": 1,
+                "op": "exploit",
+                "trial": "t1",
+                "from_trial": "t0",
+                "parent": "r1_lr0.003_g0",
+                "id": "r1_lr0.00375_g1",
+                "fitness": 0.9,
+                "changes": {"learning_rate": [0.003, 0.00375]},
+                "operations": {"learning_rate": "x1.25"},
+            }
+        ],
+    )
+    (run / "eval" / "summary.json").write_text(
+        json.dumps(
+            make_summary(
+                0.47,
+                0.95,
+                strategy="pbt",
+                best_member="r1_lr0.003_g0",
+                best_generation=None,
+                details={"best_hyperparameters": {"rank": 1}},
+            )
+        )
+    )
     return run
 
 
@@ -122,11 +222,20 @@ def test_timing_plot_stacks_four_phases_with_tokens_on_twin_axis():
     fig = plots.plot_timing(metrics)
     ax, twin = fig.axes
     assert (ax.get_xlabel(), ax.get_ylabel(), twin.get_ylabel()) == (
-        "generation", "seconds (summed over workers)", "tokens/s")
+        "generation",
+        "seconds (summed over workers)",
+        "tokens/s",
+    )
     assert len(ax.containers) == 4 and all(len(c) == 6 for c in ax.containers)  # generation 0 has no timing
     assert list(ax.lines[0].get_ydata()) == [1.5] * 6  # the wall-clock over the summed phases
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["wall-clock", "materialise", "generate", "reward",
-                                                                    "update", "tokens/s"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "wall-clock",
+        "materialise",
+        "generate",
+        "reward",
+        "update",
+        "tokens/s",
+    ]
 
 
 def test_lineage_plot_edges_survivors_and_colorbar():
@@ -158,14 +267,22 @@ def test_pbt_effects_heatmap_and_survival(pbt_run: Path):
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("learning rate", "rank")
     assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "8", "16"]
     fig = plots.plot_hyperparameter_survival(trials)
-    assert [a.get_title() for a in fig.axes] == ["rank", "alpha multiplier", "learning rate", "dropout",
-                                                 "target modules"]
+    assert [a.get_title() for a in fig.axes] == [
+        "rank",
+        "alpha multiplier",
+        "learning rate",
+        "dropout",
+        "target modules",
+    ]
     assert [p.get_height() for p in fig.axes[0].containers[1]] == [2, 0, 1]  # last generation: rank 1 x2, 16
 
 
 def test_sweep_groups_pool_seeds():
-    rows = [{"overrides": f"strategy.sigma={s} seed={seed}", "final_heldout": 0.5 + seed / 10}
-            for s in (0.1, 0.2) for seed in (0, 1)]
+    rows = [
+        {"overrides": f"strategy.sigma={s} seed={seed}", "final_heldout": 0.5 + seed / 10}
+        for s in (0.1, 0.2)
+        for seed in (0, 1)
+    ]
     assert plots.sweep_groups(rows) == {"strategy.sigma=0.1": [0.5, 0.6], "strategy.sigma=0.2": [0.5, 0.6]}
     ax = plots.plot_sweep(rows).axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["strategy.sigma=0.1", "strategy.sigma=0.2"]
@@ -196,9 +313,14 @@ def test_cli_analyze_run_and_sweep(es_run: Path, tmp_path: Path, capsys):
     assert str(es_run / "report.md") in capsys.readouterr().out
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    (sweep / "sweep_summary.json").write_text(json.dumps(
-        [{"job": i, "overrides": f"strategy={s} generations=1", "final_heldout": f} for i, (s, f) in
-         enumerate((("es", 0.69), ("ga", 0.94)))]))
+    (sweep / "sweep_summary.json").write_text(
+        json.dumps(
+            [
+                {"job": i, "overrides": f"strategy={s} generations=1", "final_heldout": f}
+                for i, (s, f) in enumerate((("es", 0.69), ("ga", 0.94)))
+            ]
+        )
+    )
     main(["analyze", str(sweep)])
     assert (sweep / "plots" / "sweep.png").read_bytes().startswith(PNG)
     assert "`strategy=ga generations=1` | 1 | 0.9400" in (sweep / "report.md").read_text()
@@ -214,8 +336,10 @@ def test_analysis_imports_no_ray_vllm_wandb():
     import subprocess
     import sys
 
-    code = ("import sys, evora.analysis.report, evora.runs; "
-            "print([m for m in ('ray', 'vllm', 'wandb') if m in sys.modules])")
+    code = (
+        "import sys, evora.analysis.report, evora.runs; "
+        "print([m for m in ('ray', 'vllm', 'wandb') if m in sys.modules])"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "[]"
 
 

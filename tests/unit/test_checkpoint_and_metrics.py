@@ -82,6 +82,7 @@ def test_redaction_hides_keys_and_tokens():
 
 # --- checkpoint format and versions ------------------------------------------------------
 
+
 def _es_state():
     from evora.strategies.es import ESState
 
@@ -101,12 +102,15 @@ def test_a_checkpoint_round_trips_the_typed_state(tmp_path):
     assert saved["loop"] == {"next_generation": 4}
 
 
-@pytest.mark.parametrize("change,expected", [
-    ({"version": 2}, "checkpoint format 2 of strategy es"),
-    ({"strategy": "ga"}, "of strategy ga"),
-    ({"state_version": 99}, "(ESState v99)"),
-    ({"format": None}, "not an evora checkpoint"),
-])
+@pytest.mark.parametrize(
+    "change,expected",
+    [
+        ({"version": 2}, "checkpoint format 2 of strategy es"),
+        ({"strategy": "ga"}, "of strategy ga"),
+        ({"state_version": 99}, "(ESState v99)"),
+        ({"format": None}, "not an evora checkpoint"),
+    ],
+)
 def test_an_old_or_foreign_checkpoint_fails_in_one_line(tmp_path, change, expected):
     from evora.errors import ConfigError
     from evora.strategies.es import ESState

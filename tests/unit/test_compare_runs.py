@@ -26,32 +26,68 @@ def _heldout(reward: float) -> dict[str, Any]:
 
 
 def _spend(flops: float, generated: int, trained: int) -> dict[str, Any]:
-    return {"tokens_prompt": 100, "tokens_generated": generated, "tokens_scored": 0, "tokens_trained": trained,
-            "flops_inference": flops, "flops_training": 0.0, "flops": flops}
+    return {
+        "tokens_prompt": 100,
+        "tokens_generated": generated,
+        "tokens_scored": 0,
+        "tokens_trained": trained,
+        "flops_inference": flops,
+        "flops_training": 0.0,
+        "flops": flops,
+    }
 
 
-def _summary(strategy: str, base: float, final: float | None, best: float, best_generation: int | None,
-             search_flops: float, generated: int, trained: int, seconds: float) -> dict[str, Any]:
+def _summary(
+    strategy: str,
+    base: float,
+    final: float | None,
+    best: float,
+    best_generation: int | None,
+    search_flops: float,
+    generated: int,
+    trained: int,
+    seconds: float,
+) -> dict[str, Any]:
     summary = {
-        "schema_version": 1, "strategy": strategy, "generations": 3, "center": "mean" if final is not None else None,
-        "base": _heldout(base), "final": None if final is None else _heldout(final), "best": _heldout(best),
-        "best_generation": best_generation, "best_member": None, "best_chosen_on": "heldout",
+        "schema_version": 1,
+        "strategy": strategy,
+        "generations": 3,
+        "center": "mean" if final is not None else None,
+        "base": _heldout(base),
+        "final": None if final is None else _heldout(final),
+        "best": _heldout(best),
+        "best_generation": best_generation,
+        "best_member": None,
+        "best_chosen_on": "heldout",
         "best_vs_base": {"improvements": 1, "regressions": 0, "both_wrong": 2, "both_right": 3},
         "adapters": {"best": "adapters/best"},
-        "compute": {"parameters": 1000, "search": _spend(search_flops, generated, trained),
-                    "evaluation": _spend(5e9, 50, 0),
-                    "seconds": {"setup": 1.0, "search": seconds - 3.0, "evaluation": 2.0, "total": seconds}},
-        "details": {}}
+        "compute": {
+            "parameters": 1000,
+            "search": _spend(search_flops, generated, trained),
+            "evaluation": _spend(5e9, 50, 0),
+            "seconds": {"setup": 1.0, "search": seconds - 3.0, "evaluation": 2.0, "total": seconds},
+        },
+        "details": {},
+    }
     validate_summary(summary)  # the fixtures are what a real run writes, or the test is moot
     return summary
 
 
-def _run(folder: Path, strategy: str, metrics: list[dict[str, Any]], summary: dict[str, Any] | None,
-         task: str = "addition") -> Path:
+def _run(
+    folder: Path, strategy: str, metrics: list[dict[str, Any]], summary: dict[str, Any] | None, task: str = "addition"
+) -> Path:
     (folder / "eval").mkdir(parents=True)
-    (folder / "config.yaml").write_text(yaml.safe_dump(
-        {"strategy": {"name": strategy}, "task": {"name": task}, "model": {"name": "tiny"}, "seed": 0,
-         "generations": 3}))
+    (folder / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "strategy": {"name": strategy},
+                "task": {"name": task},
+                "model": {"name": "tiny"},
+                "seed": 0,
+                "generations": 3,
+            }
+        )
+    )
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
     if summary is not None:
         (folder / "eval" / "summary.json").write_text(json.dumps(summary))
@@ -59,15 +95,16 @@ def _run(folder: Path, strategy: str, metrics: list[dict[str, Any]], summary: di
 
 
 def _es_metrics() -> list[dict[str, Any]]:
-    return [{"generation": 0, "base_heldout_reward": 0.5, "heldout_reward": 0.5, "cumulative_flops": 0.0},
-            {"generation": 1, "reward_mean": 0.55, "cumulative_flops": 1e10},
-            {"generation": 2, "heldout_reward": 0.7, "cumulative_flops": 2e10, "wall_clock_s": 20.0},
-            {"generation": 3, "heldout_reward": 0.65, "cumulative_flops": 3e12, "wall_clock_s": 30.0}]
+    return [
+        {"generation": 0, "base_heldout_reward": 0.5, "heldout_reward": 0.5, "cumulative_flops": 0.0},
+        {"generation": 1, "reward_mean": 0.55, "cumulative_flops": 1e10},
+        {"generation": 2, "heldout_reward": 0.7, "cumulative_flops": 2e10, "wall_clock_s": 20.0},
+        {"generation": 3, "heldout_reward": 0.65, "cumulative_flops": 3e12, "wall_clock_s": 30.0},
+    ]
 
 
 def es_run(root: Path, name: str = "es-run") -> Path:
-    return _run(root / name, "es", _es_metrics(),
-                _summary("es", 0.5, 0.65, 0.7, 2, 3e12, 4000, 0, 33.0))
+    return _run(root / name, "es", _es_metrics(), _summary("es", 0.5, 0.65, 0.7, 2, 3e12, 4000, 0, 33.0))
 
 
 def pbt_run(root: Path, name: str = "pbt-run") -> Path:
@@ -106,8 +143,14 @@ def test_rows_equal_the_summaries(rows):
     assert es.best_flops == 2e10  # cumulative FLOPs at the best's generation, not the total
     assert (pbt.final, pbt.best, pbt.tokens_trained, pbt.seconds_total) == (None, 0.8, 9000, 60.0)
     assert crashed.status == "unfinished"
-    assert (crashed.base, crashed.final, crashed.best, crashed.flops_search, crashed.seconds_total,
-            crashed.best_flops) == (None, None, None, None, None, None)
+    assert (
+        crashed.base,
+        crashed.final,
+        crashed.best,
+        crashed.flops_search,
+        crashed.seconds_total,
+        crashed.best_flops,
+    ) == (None, None, None, None, None, None)
 
 
 def test_curves(rows):
@@ -162,8 +205,11 @@ def test_markdown(rows, tmp_path):
     md, png = cmp.write_compare(rows, tmp_path / "out")
     assert md == tmp_path / "out" / "compare.md" and png == tmp_path / "out" / "plots" / "compare.png"
     text = md.read_text()
-    table = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
-             for line in text.splitlines() if line.startswith("| ") and "---" not in line}
+    table = {
+        line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
     assert table["run"] == list(cmp.COLUMNS)
     assert table["es-run"] == ["es-run", "es", "0.5000", "0.6500", "0.7000", "3.0e+12", "4000", "0", "33.0"]
     assert table["pbt-run"][3:6] == ["-", "0.8000", "3.0e+11"]
@@ -195,8 +241,10 @@ def test_figure_one_line_per_run_and_shared_base(rows):
 
 
 def test_figure_linear_keeps_zero_and_per_run_bases(tmp_path):
-    metrics = [{"generation": 0, "heldout_reward": 0.5, "cumulative_flops": 0.0},
-               {"generation": 1, "heldout_reward": 0.6, "cumulative_flops": 1e10}]
+    metrics = [
+        {"generation": 0, "heldout_reward": 0.5, "cumulative_flops": 0.0},
+        {"generation": 1, "heldout_reward": 0.6, "cumulative_flops": 1e10},
+    ]
     a = _run(tmp_path / "a", "es", metrics, _summary("es", 0.5, 0.6, 0.6, 1, 1e10, 1, 0, 5.0))
     b = _run(tmp_path / "b", "pbt", [], _summary("pbt", 0.45, None, 0.7, 2, 5e11, 0, 1, 5.0))
     fig = cmp.figure(cmp.collect([a, b]))
@@ -204,8 +252,10 @@ def test_figure_linear_keeps_zero_and_per_run_bases(tmp_path):
     assert ax.get_xscale() == "linear"  # 1e10 .. 5e11: a factor of 50
     assert list(ax.get_lines()[0].get_xdata()) == [0.0, 1e10]
     assert _run_lines(fig) == ["a (es)", "b (pbt)"]
-    assert sorted(line.get_label() for line in ax.get_lines() if line.get_label().startswith("base")) == \
-        ["base model (a)", "base model (b)"]  # bases differ: each run gets its own dotted line
+    assert sorted(line.get_label() for line in ax.get_lines() if line.get_label().startswith("base")) == [
+        "base model (a)",
+        "base model (b)",
+    ]  # bases differ: each run gets its own dotted line
 
 
 def test_figure_base_line_per_task(tmp_path):

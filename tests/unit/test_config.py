@@ -7,8 +7,8 @@ import pytest
 
 from evora.config.compose import GROUPS, compose_run, expand_jobs, group_options, overrides_of, preflight
 from evora.config.schema import RunConfig
-from evora.strategies.es import ESConfig
 from evora.errors import ConfigError
+from evora.strategies.es import ESConfig
 
 
 def test_default_is_the_quickstart():
@@ -27,8 +27,14 @@ def test_paper_defaults_in_strategy_es():
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # Options that need company: long-context tasks need a real model, jsonl needs a file.
-WITH = {("task", "jsonl"): [f"task.data_path={DATA / 'qa.jsonl'}", "task.eval_size=2", "task.selection_size=0",
-                            "task.prompts_per_generation=4"]}
+WITH = {
+    ("task", "jsonl"): [
+        f"task.data_path={DATA / 'qa.jsonl'}",
+        "task.eval_size=2",
+        "task.selection_size=0",
+        "task.prompts_per_generation=4",
+    ]
+}
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -47,35 +53,43 @@ def test_configs_are_frozen():
         run.strategy.sigma = 1.0  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("override,message", [
-    ("strategy=nope", "strategy=nope: unknown option; allowed: es"),
-    ("model=gpt5", "model=gpt5: unknown option; allowed: llama3_2_1b,"),
-    ("strategy.population=1", "strategy.population=1: must be an integer >= 2"),
-    ("strategy.population=7", "strategy.population=7: must be even when strategy.antithetic=true"),
-    ("lora.rank=3", "lora.rank=3: allowed: 1, 8, 16, 32, 64, 128, 256, 320, 512"),
-    ("model.path=/no/such/model", 'model.path="/no/such/model": directory not found'),
-    ("strategy.sigma=[1,", "malformed override 'strategy.sigma=[1,'"),
-    ("strategy.population=abc", "strategy.population: Value 'abc' of type 'str' could not be converted"),
-    ("strategy.bogus=1", "strategy.bogus: unknown key; allowed: name, population, sigma"),
-    ("lora.layers=[7]", "lora.layers=[7]: layer 7 out of range; allowed: 0..1"),
-    ("strategy.shaping=rank", "strategy.shaping=\"rank\": allowed: zscore, centered_rank, none"),
-    ("task.prompts_per_generation=99999", "task.prompts_per_generation=99999: must be in 1..task.train_size"),
-    ("hardware.gpu_memory_utilization=1.5", "hardware.gpu_memory_utilization=1.5: must be in (0, 1]"),
-    ("hardware=gpu hardware.gpus_per_worker=2", "hardware.gpus_per_worker=2: allowed: 0 (CPU engines), 1 (GPU"),
-    ("hardware.tensor_parallel_size=2", "hardware.tensor_parallel_size=2: > 1 needs GPU engines"),
-    ("hardware=gpu hardware.tensor_parallel_size=0", "hardware.tensor_parallel_size=0: must be >= 1"),
-    ("hardware=gpu engine=hf hardware.tensor_parallel_size=2", "> 1 needs GPU engines (hardware.gpus_per_worker=1) "
-                                                               "and engine=vllm"),
-    ("hardware.driver_restarts=-1", "hardware.driver_restarts=-1: must be >= 0"),
-    ("resume=/no/such/run", 'resume="/no/such/run": run folder not found'),
-    ("lora.target_modules=[c_attn]", "lora.target_modules=['c_attn']: no linear module of the model matches"),
-    ("task=countdown", "task.max_tokens=1024: must be in 1..model.max_model_len - 1 (511)"),
-    ("task.fitness=loss", 'task.fitness="loss": unknown name "loss"'),
-    ("task.prompt_format=html", 'task.prompt_format="html": allowed: auto, chat, plain'),
-    ("task.reward=nowhere:score", 'task.reward="nowhere:score": cannot load it'),
-    ("task.scorer=bleu", 'task.scorer="bleu": allowed:'),
-    (f"task=jsonl task.data_path={DATA / 'qa.jsonl'}", "task.prompts_per_generation=32: the data gives only 0 train"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("strategy=nope", "strategy=nope: unknown option; allowed: es"),
+        ("model=gpt5", "model=gpt5: unknown option; allowed: llama3_2_1b,"),
+        ("strategy.population=1", "strategy.population=1: must be an integer >= 2"),
+        ("strategy.population=7", "strategy.population=7: must be even when strategy.antithetic=true"),
+        ("lora.rank=3", "lora.rank=3: allowed: 1, 8, 16, 32, 64, 128, 256, 320, 512"),
+        ("model.path=/no/such/model", 'model.path="/no/such/model": directory not found'),
+        ("strategy.sigma=[1,", "malformed override 'strategy.sigma=[1,'"),
+        ("strategy.population=abc", "strategy.population: Value 'abc' of type 'str' could not be converted"),
+        ("strategy.bogus=1", "strategy.bogus: unknown key; allowed: name, population, sigma"),
+        ("lora.layers=[7]", "lora.layers=[7]: layer 7 out of range; allowed: 0..1"),
+        ("strategy.shaping=rank", 'strategy.shaping="rank": allowed: zscore, centered_rank, none'),
+        ("task.prompts_per_generation=99999", "task.prompts_per_generation=99999: must be in 1..task.train_size"),
+        ("hardware.gpu_memory_utilization=1.5", "hardware.gpu_memory_utilization=1.5: must be in (0, 1]"),
+        ("hardware=gpu hardware.gpus_per_worker=2", "hardware.gpus_per_worker=2: allowed: 0 (CPU engines), 1 (GPU"),
+        ("hardware.tensor_parallel_size=2", "hardware.tensor_parallel_size=2: > 1 needs GPU engines"),
+        ("hardware=gpu hardware.tensor_parallel_size=0", "hardware.tensor_parallel_size=0: must be >= 1"),
+        (
+            "hardware=gpu engine=hf hardware.tensor_parallel_size=2",
+            "> 1 needs GPU engines (hardware.gpus_per_worker=1) and engine=vllm",
+        ),
+        ("hardware.driver_restarts=-1", "hardware.driver_restarts=-1: must be >= 0"),
+        ("resume=/no/such/run", 'resume="/no/such/run": run folder not found'),
+        ("lora.target_modules=[c_attn]", "lora.target_modules=['c_attn']: no linear module of the model matches"),
+        ("task=countdown", "task.max_tokens=1024: must be in 1..model.max_model_len - 1 (511)"),
+        ("task.fitness=loss", 'task.fitness="loss": unknown name "loss"'),
+        ("task.prompt_format=html", 'task.prompt_format="html": allowed: auto, chat, plain'),
+        ("task.reward=nowhere:score", 'task.reward="nowhere:score": cannot load it'),
+        ("task.scorer=bleu", 'task.scorer="bleu": allowed:'),
+        (
+            f"task=jsonl task.data_path={DATA / 'qa.jsonl'}",
+            "task.prompts_per_generation=32: the data gives only 0 train",
+        ),
+    ],
+)
 def test_bad_values_name_the_key_and_allowed_values(override, message):
     with pytest.raises(ConfigError) as error:
         compose_run(override.split(" "))

@@ -53,6 +53,7 @@ def manifests(kind: str) -> list[dict]:
 
 # --- k8s manifests against the KubeRay CRDs ----------------------------------------------
 
+
 def strict(schema):
     """The schema with additionalProperties: false wherever it lists properties and allows
     nothing else, so that a misspelt key fails (the API server's strict field validation)."""
@@ -60,8 +61,10 @@ def strict(schema):
         return [strict(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: strict(v) if k in ("items", "additionalProperties", "anyOf", "allOf", "oneOf", "not") else v
-           for k, v in schema.items()}
+    out = {
+        k: strict(v) if k in ("items", "additionalProperties", "anyOf", "allOf", "oneOf", "not") else v
+        for k, v in schema.items()
+    }
     if "properties" in schema:
         out["properties"] = {k: strict(v) for k, v in schema["properties"].items()}
         if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
@@ -115,8 +118,9 @@ def _volume_without_name(doc):
     del doc["spec"]["headGroupSpec"]["template"]["spec"]["volumes"][0]["name"]
 
 
-@pytest.mark.parametrize("break_it", [_no_group_name, _replicas_in_words, _misspelt_key, _gpu_in_words,
-                                      _volume_without_name])
+@pytest.mark.parametrize(
+    "break_it", [_no_group_name, _replicas_in_words, _misspelt_key, _gpu_in_words, _volume_without_name]
+)
 def test_broken_raycluster_fails(break_it, validators):
     broken = copy.deepcopy(manifests("RayCluster")[0])
     break_it(broken)
@@ -138,8 +142,9 @@ def test_rayjob_cluster_is_the_raycluster():
 
 
 def pods(cluster_spec: dict) -> list[dict]:
-    return [cluster_spec["headGroupSpec"]["template"]["spec"]] + \
-        [group["template"]["spec"] for group in cluster_spec["workerGroupSpecs"]]
+    return [cluster_spec["headGroupSpec"]["template"]["spec"]] + [
+        group["template"]["spec"] for group in cluster_spec["workerGroupSpecs"]
+    ]
 
 
 def test_cluster_pods_share_the_runs_volume():
@@ -164,8 +169,11 @@ def test_cluster_pods_share_the_runs_volume():
 def test_wandb_key_comes_from_a_secret():
     head = manifests("RayCluster")[0]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e for e in head["env"]}
-    assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] | {"optional": True} == \
-        {"name": "wandb", "key": "api-key", "optional": True}
+    assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] | {"optional": True} == {
+        "name": "wandb",
+        "key": "api-key",
+        "optional": True,
+    }
     for path in [*K8S.glob("*.yaml"), *LAUNCH.iterdir()]:
         for doc_env in re.findall(r"name: (\w+)\n\s+value: (\S+)", path.read_text()):
             assert not SECRET_NAME.search(doc_env[0]), (path, doc_env)
@@ -196,6 +204,7 @@ def test_rayjob_entrypoint_composes_without_starting_ray(monkeypatch):
 
 
 # --- launch/ scripts ---------------------------------------------------------------------
+
 
 def test_runtime_env_is_valid_and_has_no_secrets():
     from ray.runtime_env import RuntimeEnv
@@ -244,7 +253,7 @@ def evora_argv(line: str) -> list[str] | None:
         elif word in SUBMIT_FLAGS_WITH_VALUE:
             skip = True
         elif word == "--":
-            return argv + args[i + 1:]
+            return argv + args[i + 1 :]
         elif word not in ("--no-wait", "--dry-run"):
             argv.append(word)
     return argv
@@ -295,18 +304,32 @@ def test_script_command_composes(name, line, monkeypatch):
 
 def submit(*args: str, env: dict | None = None, tmp: Path) -> subprocess.CompletedProcess:
     """launch/submit.sh with a clean environment: no address, no secrets, TMPDIR in tmp."""
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "WANDB_API_KEY", "HF_TOKEN")}
-    return subprocess.run([str(LAUNCH / "submit.sh"), *args], capture_output=True, text=True, timeout=60,
-                          env={**base, "TMPDIR": str(tmp), **(env or {})}, cwd=tmp)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "WANDB_API_KEY", "HF_TOKEN")
+    }
+    return subprocess.run(
+        [str(LAUNCH / "submit.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**base, "TMPDIR": str(tmp), **(env or {})},
+        cwd=tmp,
+    )
 
 
 def test_submit_dry_run_prints_the_command(tmp_path):
     result = submit("--dry-run", "--address", "http://127.0.0.1:8265", "model=tiny", "generations=2", tmp=tmp_path)
     assert result.returncode == 0, result.stderr
     command = result.stdout.strip()
-    for part in ("ray job submit", "--address http://127.0.0.1:8265", "--working-dir .",
-                 "--runtime-env launch/runtime_env.yaml", "-- evora model=tiny generations=2"):
+    for part in (
+        "ray job submit",
+        "--address http://127.0.0.1:8265",
+        "--working-dir .",
+        "--runtime-env launch/runtime_env.yaml",
+        "-- evora model=tiny generations=2",
+    ):
         assert part in command
     assert command.endswith("-- evora model=tiny generations=2")
     overrides = shlex.split(command.split(" -- evora", 1)[1])
@@ -316,9 +339,11 @@ def test_submit_dry_run_prints_the_command(tmp_path):
 def test_submit_reads_ray_address_and_job_actions(tmp_path):
     result = submit("--dry-run", "--no-wait", "seed=1", env={"RAY_ADDRESS": "http://head:8265"}, tmp=tmp_path)
     assert "--address http://head:8265 --no-wait" in result.stdout
-    for flag, expected in (("--logs", "ray job logs --address http://head:8265 --follow raysubmit_1"),
-                           ("--status", "ray job status --address http://head:8265 raysubmit_1"),
-                           ("--stop", "ray job stop --address http://head:8265 raysubmit_1")):
+    for flag, expected in (
+        ("--logs", "ray job logs --address http://head:8265 --follow raysubmit_1"),
+        ("--status", "ray job status --address http://head:8265 raysubmit_1"),
+        ("--stop", "ray job stop --address http://head:8265 raysubmit_1"),
+    ):
         result = submit("--dry-run", flag, "raysubmit_1", env={"RAY_ADDRESS": "http://head:8265"}, tmp=tmp_path)
         assert result.returncode == 0 and expected in result.stdout, result.stderr
 
@@ -348,8 +373,15 @@ def files_containing(text: str, root: Path, since: float) -> list[Path]:
 
 def test_submit_dry_run_masks_secrets(tmp_path):
     start = time.time() - 1
-    result = submit("--dry-run", "--address", "http://127.0.0.1:8265", "model=tiny", "generations=2",
-                    env={"WANDB_API_KEY": SECRET, "HF_TOKEN": "hf_fake_456"}, tmp=tmp_path)
+    result = submit(
+        "--dry-run",
+        "--address",
+        "http://127.0.0.1:8265",
+        "model=tiny",
+        "generations=2",
+        env={"WANDB_API_KEY": SECRET, "HF_TOKEN": "hf_fake_456"},
+        tmp=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert SECRET not in result.stdout + result.stderr and "hf_fake_456" not in result.stdout
     assert "WANDB_API_KEY=***" in result.stdout and "HF_TOKEN=***" in result.stdout
@@ -374,8 +406,13 @@ json.dump({{"argv": sys.argv[1:], "path": path, "mode": os.stat(path).st_mode & 
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     start = time.time() - 1
-    result = submit("--address", "http://127.0.0.1:8265", "model=tiny",
-                    env={"WANDB_API_KEY": SECRET, "RAY": str(fake_ray), "TMPDIR": str(scratch)}, tmp=tmp_path)
+    result = submit(
+        "--address",
+        "http://127.0.0.1:8265",
+        "model=tiny",
+        env={"WANDB_API_KEY": SECRET, "RAY": str(fake_ray), "TMPDIR": str(scratch)},
+        tmp=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     seen = json.loads(record.read_text())
     assert SECRET not in " ".join(seen["argv"])
@@ -393,9 +430,12 @@ json.dump({{"argv": sys.argv[1:], "path": path, "mode": os.stat(path).st_mode & 
 
 # --- Dockerfiles -------------------------------------------------------------------------
 
+
 def instructions(path: Path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(l for l in path.read_text().splitlines() if not l.lstrip().startswith("#")))
+    text = re.sub(
+        r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+    )
     return [(m.group(1).upper(), m.group(2).strip()) for m in re.finditer(r"^\s*(\w+)\s+(.*)$", text, re.M)]
 
 
@@ -433,7 +473,7 @@ def test_dockerfile(flavour):
     assert {"pyproject.toml", "Makefile", "README.md", "evora", "conf"} <= copied  # conf: evora/conf links to it
 
     (setup,) = [args for name, args in steps if name == "RUN" and "make setup" in args]
-    variables = make_variables(setup[setup.index("make setup"):].split("&&")[0])
+    variables = make_variables(setup[setup.index("make setup") :].split("&&")[0])
     assert set(variables["EXTRAS"].split(",")) == makefile_extras()[flavour == "gpu"]
     default_torch = re.search(r"^TORCH \?= *(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert variables.get("TORCH", default_torch) == default_torch
@@ -448,13 +488,17 @@ def test_dockerfile(flavour):
 
 
 def test_dockerignore_keeps_local_state_out():
-    patterns = {l.strip().rstrip("/") for l in (ROOT / ".dockerignore").read_text().splitlines()
-                if l.strip() and not l.startswith("#")}
+    patterns = {
+        line.strip().rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {".git", ".venv", "runs"} <= patterns
     assert not patterns & {"evora", "conf", "pyproject.toml", "Makefile", "README.md", "launch"}
 
 
 # --- launch/local_cluster.sh on this machine ----------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -479,8 +523,13 @@ def test_local_cluster_starts_two_nodes_and_stops_only_itself():
     # Bystanders that stop must leave alone: a process of a sibling dir sharing the prefix.
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", f"--temp-dir={temp_dir}x/"])
     try:
-        started = subprocess.run([*script, "--num-workers", "1", "--client-port", str(free_port()), *where],
-                                 capture_output=True, text=True, timeout=240, env=env)
+        started = subprocess.run(
+            [*script, "--num-workers", "1", "--client-port", str(free_port()), *where],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
+        )
         assert started.returncode == 0, started.stdout + started.stderr
         assert "2 nodes" in started.stdout
         status = subprocess.run([*script, "status", *where], capture_output=True, text=True, timeout=120, env=env)

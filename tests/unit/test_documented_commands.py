@@ -1,5 +1,5 @@
 """Every `evora ...` command printed in README.md and at the top of every conf/ file
-composes and validates (DESIGN §4)."""
+composes and validates (docs/architecture.md, "Configuration")."""
 
 import re
 import shlex

@@ -7,19 +7,22 @@ import numpy as np
 import pytest
 import torch
 
-from evora.strategies.es import ESConfig
 from evora.lora.layout import build_layout
 from evora.lora.noise import member_noise
+from evora.strategies.es import ESConfig, ESPayload, ESState, EvolutionStrategy
 from evora.strategies.protocol import BASE, CENTER, CandidateSpec, EvalPayload, fitness_results, materialise
-from evora.strategies.es import ESPayload, ESState, EvolutionStrategy
 
-SHAPES = {"model.layers.0.mlp.down_proj": (6, 10), "model.layers.0.self_attn.o_proj": (6, 6),
-          "model.layers.1.mlp.down_proj": (6, 10)}
+SHAPES = {
+    "model.layers.0.mlp.down_proj": (6, 10),
+    "model.layers.0.self_attn.o_proj": (6, 6),
+    "model.layers.1.mlp.down_proj": (6, 10),
+}
 
 
 def layout(rank=2):
-    return build_layout(SHAPES, rank=rank, alpha=rank, target_modules=["down_proj", "o_proj"], layers=None,
-                        base_model="toy")
+    return build_layout(
+        SHAPES, rank=rank, alpha=rank, target_modules=["down_proj", "o_proj"], layers=None, base_model="toy"
+    )
 
 
 def theta0(seed=0):
@@ -108,8 +111,10 @@ def test_converges_on_an_analytic_objective(optimizer, lr):
     """Maximise -||B A - T||^2 over every module: ES must find a low-rank fit of T."""
     lay = layout(rank=2)
     g = torch.Generator().manual_seed(11)
-    targets = {s.name: torch.randn(s.out_features, 2, generator=g) @ torch.randn(2, s.in_features, generator=g) * 0.3
-               for s in lay.modules}
+    targets = {
+        s.name: torch.randn(s.out_features, 2, generator=g) @ torch.randn(2, s.in_features, generator=g) * 0.3
+        for s in lay.modules
+    }
 
     def objective(t):
         return -sum(float(((t[s.b_key] @ t[s.a_key] - targets[s.name]) ** 2).sum()) for s in lay.modules)

@@ -14,8 +14,10 @@ def test_seed_000_fitness_and_length_penalty():
     assert parse_fitness("-perplexity").needs_perplexity
 
 
-@pytest.mark.parametrize("text", ["loss", "reward ** 2", "__import__('os')", "reward if 1 else 0", "'a'", "reward[0]",
-                                  "reward +", "accuracy.real"])
+@pytest.mark.parametrize(
+    "text",
+    ["loss", "reward ** 2", "__import__('os')", "reward if 1 else 0", "'a'", "reward[0]", "reward +", "accuracy.real"],
+)
 def test_bad_expressions_name_the_key(text):
     with pytest.raises(ConfigError, match=r"task.fitness=.*allowed: numbers"):
         parse_fitness(text)

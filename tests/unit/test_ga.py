@@ -11,15 +11,22 @@ import pytest
 import torch
 
 from evora.config.compose import compose_run
-from evora.strategies.ga import GAConfig
 from evora.errors import ConfigError
 from evora.lora.layout import build_layout
 from evora.lora.noise import gaussian, noise_key
-from evora.strategies.ga import GAState, GeneticAlgorithm
+from evora.strategies.ga import GAConfig, GAState, GeneticAlgorithm
+from evora.strategies.ga.operators import (
+    CROSSOVERS,
+    blend_pair,
+    crossover_blend,
+    crossover_layers,
+    crossover_modules,
+    module_pairs,
+    mutate,
+)
 from evora.strategies.ga.strategy import CROSSOVER, ELITE, MUTATE, GASpec
 from evora.strategies.protocol import fitness_results
-from evora.strategies.ga.operators import (
-    CROSSOVERS, blend_pair, crossover_blend, crossover_layers, crossover_modules, module_pairs, mutate)
+
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
@@ -270,13 +277,16 @@ def test_mutation_noise_is_sigma_times_scale_times_seeded_gaussian():
 def targets_for(lay, seed=11, scale=0.5):
     g = torch.Generator().manual_seed(seed)
     r = lay.rank
-    return {s.name: torch.randn(s.out_features, r, generator=g) @ torch.randn(r, s.in_features, generator=g) * scale
-            for s in lay.modules}
+    return {
+        s.name: torch.randn(s.out_features, r, generator=g) @ torch.randn(r, s.in_features, generator=g) * scale
+        for s in lay.modules
+    }
 
 
 def objective_for(lay, targets):
     def objective(t):
         return -sum(float(((t[s.b_key] @ t[s.a_key] - targets[s.name]) ** 2).sum()) for s in lay.modules)
+
     return objective
 
 
@@ -297,8 +307,12 @@ def run_ga(cfg, generations, objective, start, run_seed=0, noise_scales=None, ho
 
 def pool_state(ga, n=4, sigmas=None):
     pool = [random_adapter(100 + i, scale=0.3) for i in range(n)]
-    return GAState(pool=pool, ids=[f"g3-{i:02d}-mutate" for i in range(n)], fitness=[-float(i) for i in range(n)],
-                   sigmas=list(sigmas or [0.01 * (i + 1) for i in range(n)]))
+    return GAState(
+        pool=pool,
+        ids=[f"g3-{i:02d}-mutate" for i in range(n)],
+        fitness=[-float(i) for i in range(n)],
+        sigmas=list(sigmas or [0.01 * (i + 1) for i in range(n)]),
+    )
 
 
 # --- 4. elitism -------------------------------------------------------------------------------
@@ -306,8 +320,14 @@ def pool_state(ga, n=4, sigmas=None):
 
 @pytest.mark.parametrize("encoding", ["tensors", "seeds"])
 def test_elites_are_carried_unchanged(encoding):
-    cfg = GAConfig(population=6, keep_top=2, parents=3, crossover_rate=0.0 if encoding == "seeds" else 0.5,
-                   mutation_scale=0.1, encoding=encoding)
+    cfg = GAConfig(
+        population=6,
+        keep_top=2,
+        parents=3,
+        crossover_rate=0.0 if encoding == "seeds" else 0.5,
+        mutation_scale=0.1,
+        encoding=encoding,
+    )
     lay = layout()
     objective = objective_for(lay, targets_for(lay))
     checked = []
@@ -371,8 +391,11 @@ FITNESS = [1.0, 4.0, 2.0, 3.0]  # the fittest is position 1, the worst position 
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27}  # chi-square 0.999 quantiles by degrees of freedom
 
 
-@pytest.mark.parametrize("cfg", [GAConfig(selection="tournament", tournament_size=1, parents=4),
-                                 GAConfig(selection="truncation", parents=4)], ids=["tournament1", "truncation"])
+@pytest.mark.parametrize(
+    "cfg",
+    [GAConfig(selection="tournament", tournament_size=1, parents=4), GAConfig(selection="truncation", parents=4)],
+    ids=["tournament1", "truncation"],
+)
 def test_uniform_selection(cfg):
     counts = select_counts(cfg, FITNESS)
     assert chi_square(counts, [0.25] * 4) < CHI2_999[3], counts
@@ -414,9 +437,18 @@ def converge(crossover, run_seed=0, generations=60):
     lay = layout(rank=1, shapes=CONVERGE_SHAPES)
     objective = objective_for(lay, targets_for(lay))
     start = random_adapter(5, rank=1, scale=0.3, lay=lay)
-    cfg = GAConfig(population=32, keep_top=2, parents=6, selection="tournament", tournament_size=2,
-                   crossover_rate=0.5, crossover=crossover, mutation_rate=0.5, mutation_scale=0.1,
-                   self_adaptive=True)
+    cfg = GAConfig(
+        population=32,
+        keep_top=2,
+        parents=6,
+        selection="tournament",
+        tournament_size=2,
+        crossover_rate=0.5,
+        crossover=crossover,
+        mutation_rate=0.5,
+        mutation_scale=0.1,
+        self_adaptive=True,
+    )
     crossovers = []
 
     def hook(ga, state, specs, payload, members, fitness, new_state, stats):
@@ -463,8 +495,15 @@ def test_seed_encoding_matches_tensor_encoding(self_adaptive):
     objective = objective_for(lay, targets_for(lay))
     start = random_adapter(5, scale=0.3)
     scales = {k: 0.5 + i / 10 for i, k in enumerate(start)}
-    common = dict(population=7, keep_top=2, parents=3, crossover_rate=0.0, mutation_rate=0.5, mutation_scale=0.05,
-                  self_adaptive=self_adaptive)
+    common = dict(
+        population=7,
+        keep_top=2,
+        parents=3,
+        crossover_rate=0.0,
+        mutation_rate=0.5,
+        mutation_scale=0.05,
+        self_adaptive=self_adaptive,
+    )
     runs = {}
     for encoding in ("tensors", "seeds"):
         trace = []
@@ -473,10 +512,10 @@ def test_seed_encoding_matches_tensor_encoding(self_adaptive):
             trace.append((specs, payload, members, fitness, state, new_state))
 
         runs[encoding] = trace
-        run_ga(GAConfig(**common, encoding=encoding), 5, objective, start, run_seed=2, noise_scales=scales,
-               hook=hook)
-    for (specs_t, payload_t, members_t, fit_t, _, new_t), (specs_s, payload_s, members_s, fit_s, old_s, new_s) \
-            in zip(runs["tensors"], runs["seeds"]):
+        run_ga(GAConfig(**common, encoding=encoding), 5, objective, start, run_seed=2, noise_scales=scales, hook=hook)
+    for (specs_t, payload_t, members_t, fit_t, _, new_t), (specs_s, payload_s, members_s, fit_s, old_s, new_s) in zip(
+        runs["tensors"], runs["seeds"]
+    ):
         assert specs_t == specs_s
         assert payload_s.pool is None and payload_s.chains is not None  # only the chains travel
         assert np.array_equal(fit_t, fit_s)
@@ -486,7 +525,7 @@ def test_seed_encoding_matches_tensor_encoding(self_adaptive):
         for pt, ps in zip(new_t.pool, new_s.pool):
             assert all(torch.equal(pt[k], ps[k]) for k in pt)
         # chains: one more entry per generation for a mutated member, the same chain for an elite
-        keep = sorted(range(len(fit_s)), key=lambda i: (-fit_s[i], i))[:common["parents"]]
+        keep = sorted(range(len(fit_s)), key=lambda i: (-fit_s[i], i))[: common["parents"]]
         assert len(new_s.chains) == len(keep)
         for chain, i in zip(new_s.chains, keep):
             spec = specs_s[i]
@@ -504,8 +543,15 @@ def test_seed_encoding_matches_tensor_encoding(self_adaptive):
 
 @pytest.mark.parametrize("self_adaptive", [False, True])
 def test_self_adaptive_scales(self_adaptive):
-    cfg = GAConfig(population=40, keep_top=2, parents=4, crossover_rate=0.5, mutation_rate=1.0,
-                   self_adaptive=self_adaptive, adaptation_rate=0.2)
+    cfg = GAConfig(
+        population=40,
+        keep_top=2,
+        parents=4,
+        crossover_rate=0.5,
+        mutation_rate=1.0,
+        self_adaptive=self_adaptive,
+        adaptation_rate=0.2,
+    )
     ga = GeneticAlgorithm(cfg, run_seed=0)
     state = pool_state(ga, n=4, sigmas=[0.01, 0.02, 0.04, 0.08])
     specs, payload = ga.ask(state, 2)
@@ -588,20 +634,25 @@ def test_ga_config_composes():
     assert isinstance(run.strategy, GAConfig)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ("strategy.keep_top=32", "strategy.keep_top=32: must be in 1..strategy.population - 1"),
-    ("strategy.population=4 strategy.keep_top=5 strategy.parents=5", "strategy.keep_top=5:"),
-    ("strategy.crossover_rate=1.5", "strategy.crossover_rate=1.5: must be in [0, 1]"),
-    ("strategy.mutation_rate=-0.1", "strategy.mutation_rate=-0.1: must be in [0, 1]"),
-    ("strategy.population=1", "strategy.population=1: must be an integer >= 2"),
-    ("strategy.keep_top=1 strategy.parents=1 strategy.crossover_rate=0.5 strategy.tournament_size=1",
-     "strategy.crossover_rate=0.5: crossover needs two parents"),
-    ("strategy.encoding=seeds strategy.crossover_rate=0.2", 'strategy.encoding="seeds": '),
-    ("strategy.tournament_size=9", "strategy.tournament_size=9: must be in 1..strategy.parents (8)"),
-    ("strategy.keep_top=3 strategy.parents=2", "strategy.parents=2:"),
-    ("strategy.crossover=uniform", 'strategy.crossover="uniform": allowed: module, layer, blend'),
-    ("strategy.selection=roulette", 'strategy.selection="roulette": allowed: truncation, tournament'),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ("strategy.keep_top=32", "strategy.keep_top=32: must be in 1..strategy.population - 1"),
+        ("strategy.population=4 strategy.keep_top=5 strategy.parents=5", "strategy.keep_top=5:"),
+        ("strategy.crossover_rate=1.5", "strategy.crossover_rate=1.5: must be in [0, 1]"),
+        ("strategy.mutation_rate=-0.1", "strategy.mutation_rate=-0.1: must be in [0, 1]"),
+        ("strategy.population=1", "strategy.population=1: must be an integer >= 2"),
+        (
+            "strategy.keep_top=1 strategy.parents=1 strategy.crossover_rate=0.5 strategy.tournament_size=1",
+            "strategy.crossover_rate=0.5: crossover needs two parents",
+        ),
+        ("strategy.encoding=seeds strategy.crossover_rate=0.2", 'strategy.encoding="seeds": '),
+        ("strategy.tournament_size=9", "strategy.tournament_size=9: must be in 1..strategy.parents (8)"),
+        ("strategy.keep_top=3 strategy.parents=2", "strategy.parents=2:"),
+        ("strategy.crossover=uniform", 'strategy.crossover="uniform": allowed: module, layer, blend'),
+        ("strategy.selection=roulette", 'strategy.selection="roulette": allowed: truncation, tournament'),
+    ],
+)
 def test_bad_ga_configs_fail_with_one_line(overrides, message):
     with pytest.raises(ConfigError) as error:
         compose_run(["strategy=ga", *overrides.split(" ")])
@@ -615,8 +666,7 @@ def test_seed_encoding_without_crossover_is_valid():
 
 
 def test_nan_fitness_never_survives():
-    from evora.strategies.ga import GAConfig
-    from evora.strategies.ga import GeneticAlgorithm
+    from evora.strategies.ga import GAConfig, GeneticAlgorithm
 
     ga = GeneticAlgorithm(GAConfig(population=3, keep_top=1, parents=2), run_seed=0)
     assert ga.survivors(np.array([1.0, float("nan"), 2.0])) == [2, 0]

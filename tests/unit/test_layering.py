@@ -48,8 +48,9 @@ def test_every_import_goes_down_the_layers(graph):
     for importer in sorted(graph.modules):
         for imported in graph.find_modules_directly_imported_by(importer):
             if layer_of(imported) < layer_of(importer):
-                upward.append(f"{importer} ({LAYERS[layer_of(importer)][0]}) -> {imported} "
-                              f"({LAYERS[layer_of(imported)][0]})")
+                upward.append(
+                    f"{importer} ({LAYERS[layer_of(importer)][0]}) -> {imported} ({LAYERS[layer_of(imported)][0]})"
+                )
     assert not upward, "\n".join(upward)
 
 
@@ -113,8 +114,12 @@ def pure_modules() -> list[str]:
 
 def test_pure_modules_import_no_ray_vllm_or_wandb():
     pure = pure_modules()
-    assert {"evora.strategies.ga.operators", "evora.lora.resize", "evora.strategies.pbt.space",
-            "evora.strategies.es.strategy"} <= set(pure)
+    assert {
+        "evora.strategies.ga.operators",
+        "evora.lora.resize",
+        "evora.strategies.pbt.space",
+        "evora.strategies.es.strategy",
+    } <= set(pure)
     code = f"""
 import sys
 for m in {pure!r}:
@@ -128,8 +133,11 @@ assert not bad, bad
 
 
 def test_engines_import_vllm_only_when_created():
-    result = subprocess.run([sys.executable, "-c", "import sys, evora.engines; assert 'vllm' not in sys.modules"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys, evora.engines; assert 'vllm' not in sys.modules"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
 
 

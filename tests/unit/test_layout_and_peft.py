@@ -12,11 +12,15 @@ from evora.lora.peft_io import load_adapter_tensors, read_adapter_config, save_a
 
 
 def test_layout_of_the_tiny_model(tiny_shapes, tiny_path):
-    lay = build_layout(tiny_shapes, rank=8, alpha=16, target_modules=["q_proj", "down_proj"], layers=None,
-                       base_model=tiny_path)
+    lay = build_layout(
+        tiny_shapes, rank=8, alpha=16, target_modules=["q_proj", "down_proj"], layers=None, base_model=tiny_path
+    )
     assert [s.name for s in lay.modules] == [
-        "model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj",
-        "model.layers.1.self_attn.q_proj", "model.layers.1.mlp.down_proj"]
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.0.mlp.down_proj",
+        "model.layers.1.self_attn.q_proj",
+        "model.layers.1.mlp.down_proj",
+    ]
     shapes = lay.shapes()
     assert shapes["base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"] == (8, 384)
     assert shapes["base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"] == (128, 8)
@@ -42,8 +46,10 @@ def test_saved_adapter_is_peft_layout_with_only_the_chosen_layers(tmp_path, tiny
     assert config["r"] == 8 and config["lora_alpha"] == 8 and config["layers_to_transform"] == [1]
     loaded = load_adapter_tensors(tmp_path)
     # vLLM ignores layers_to_transform, so layer 0 must have no tensors at all.
-    assert sorted(loaded) == ["base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight",
-                              "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"]
+    assert sorted(loaded) == [
+        "base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight",
+        "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight",
+    ]
     for name, value in loaded.items():
         assert value.dtype == torch.float32
         assert torch.allclose(value, tensors[name].to(torch.bfloat16).float())
@@ -83,7 +89,7 @@ def test_random_init_scales(tiny_shapes):
     t = random_adapter(lay, seed=0, a_std=None, b_std=0.0)
     slot = lay.modules[0]
     assert torch.all(t[slot.b_key] == 0)
-    assert abs(float(t[slot.a_key].std()) - 384 ** -0.5) < 0.01
+    assert abs(float(t[slot.a_key].std()) - 384**-0.5) < 0.01
     assert json.dumps(sorted(t)) == json.dumps(sorted(lay.shapes()))
 
 
@@ -92,12 +98,16 @@ def test_per_layer_noise_scales_are_mean_abs_base_weight_per_layer(tiny_shapes, 
 
     from evora.lora.base_weights import per_layer_scales
 
-    lay = build_layout(tiny_shapes, rank=1, alpha=1, target_modules=["q_proj", "down_proj"], layers=None,
-                       base_model=tiny_path)
+    lay = build_layout(
+        tiny_shapes, rank=1, alpha=1, target_modules=["q_proj", "down_proj"], layers=None, base_model=tiny_path
+    )
     scales = per_layer_scales(lay, tiny_path)
     weights = load_file(f"{tiny_path}/model.safetensors")
     for layer in (0, 1):
-        w = [weights[f"model.layers.{layer}.self_attn.q_proj.weight"], weights[f"model.layers.{layer}.mlp.down_proj.weight"]]
+        w = [
+            weights[f"model.layers.{layer}.self_attn.q_proj.weight"],
+            weights[f"model.layers.{layer}.mlp.down_proj.weight"],
+        ]
         expected = float(sum(x.abs().sum() for x in w) / sum(x.numel() for x in w))
         for slot in lay.modules:
             if slot.layer == layer:

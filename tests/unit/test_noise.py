@@ -12,8 +12,12 @@ def test_noise_is_a_pure_function_of_its_key():
 
 def test_every_coordinate_of_the_key_changes_the_noise():
     base = member_noise(7, 3, 5, "t", (32,))
-    for other in (member_noise(8, 3, 5, "t", (32,)), member_noise(7, 4, 5, "t", (32,)),
-                  member_noise(7, 3, 6, "t", (32,)), member_noise(7, 3, 5, "u", (32,))):
+    for other in (
+        member_noise(8, 3, 5, "t", (32,)),
+        member_noise(7, 4, 5, "t", (32,)),
+        member_noise(7, 3, 6, "t", (32,)),
+        member_noise(7, 3, 5, "u", (32,)),
+    ):
         assert not torch.equal(base, other)
 
 

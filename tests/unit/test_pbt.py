@@ -1,4 +1,4 @@
-"""strategy=pbt without a Ray cluster: seed 000's explore rules stay within bounds, rank
+"""strategy=pbt without a Ray cluster: the LoRALab explore rules stay within bounds, rank
 resizing keeps what the adapter learned (Eckart-Young optimum when shrinking, exact when
 growing or changing alpha), exploit starts a child from its parent's checkpoint, the
 trial's LoRA training learns and resumes exactly, and the run summaries."""
@@ -17,11 +17,18 @@ from evora.lora.noise import gaussian, noise_key
 from evora.lora.peft_io import save_adapter
 from evora.lora.resize import resize_adapter, truncate_product
 from evora.strategies.pbt.runner import (
-    TRIALS_FILE, TrialContext, converged, generation_records, layout_for, read_trials, starting_point,
-    training_pairs)
+    TRIALS_FILE,
+    TrialContext,
+    converged,
+    generation_records,
+    layout_for,
+    read_trials,
+    starting_point,
+    training_pairs,
+)
+from evora.strategies.pbt.space import KEYS, explore, member_id, module_sets, sample
 from evora.tracking.compute import Spend
 from evora.training.lora_sft import LoraSFT, TrainSettings, batch_of, lr_at
-from evora.strategies.pbt.space import KEYS, explore, member_id, module_sets, sample
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +37,7 @@ def pbt_run():
 
 
 # --- explore ------------------------------------------------------------------------------
+
 
 def test_explore_keeps_every_hyperparameter_within_the_search_space(pbt_run):
     space, rng = pbt_run.strategy, random.Random(0)
@@ -58,10 +66,24 @@ def test_explore_keeps_every_hyperparameter_within_the_search_space(pbt_run):
 
 
 def test_explore_scales_and_clamps_the_learning_rate():
-    space = replace(compose_run(["strategy=pbt"]).strategy, mutation_probability=1.0, resample_probability=0.0,
-                    lr_factors=[2.0], lr_max=3e-4)
-    new, operations = explore({"rank": 16, "alpha_multiplier": 1, "learning_rate": 2e-4, "dropout": 0.05,
-                               "target_modules": module_sets(space)[0]}, space, random.Random(1))
+    space = replace(
+        compose_run(["strategy=pbt"]).strategy,
+        mutation_probability=1.0,
+        resample_probability=0.0,
+        lr_factors=[2.0],
+        lr_max=3e-4,
+    )
+    new, operations = explore(
+        {
+            "rank": 16,
+            "alpha_multiplier": 1,
+            "learning_rate": 2e-4,
+            "dropout": 0.05,
+            "target_modules": module_sets(space)[0],
+        },
+        space,
+        random.Random(1),
+    )
     assert new["learning_rate"] == 3e-4 and operations["learning_rate"] == "x2.0"  # 4e-4 clamped
     ranks = space.ranks
     assert operations["rank"] == "neighbour" and abs(ranks.index(new["rank"]) - ranks.index(16)) <= 1
@@ -78,6 +100,7 @@ def test_member_ids_read_like_seed_000():
 
 
 # --- rank resize ----------------------------------------------------------------------------
+
 
 def _factors(out_features: int, in_features: int, rank: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return gaussian(noise_key(seed, "a"), (rank, in_features)), gaussian(noise_key(seed, "b"), (out_features, rank))
@@ -104,8 +127,10 @@ def test_truncate_product_to_a_rank_at_least_the_inner_one_is_exact():
 @pytest.fixture(scope="module")
 def tiny_layouts(tiny_shapes, tiny_path):
     def layout(rank, alpha, modules=("q_proj", "v_proj")):
-        return build_layout(tiny_shapes, rank=rank, alpha=alpha, target_modules=list(modules), layers=None,
-                            base_model=tiny_path)
+        return build_layout(
+            tiny_shapes, rank=rank, alpha=alpha, target_modules=list(modules), layers=None, base_model=tiny_path
+        )
+
     return layout
 
 
@@ -114,8 +139,9 @@ def _random_adapter(layout, seed):
 
 
 def _updates(tensors, layout):
-    return {slot.name: layout.scale * tensors[slot.b_key].double() @ tensors[slot.a_key].double()
-            for slot in layout.modules}
+    return {
+        slot.name: layout.scale * tensors[slot.b_key].double() @ tensors[slot.a_key].double() for slot in layout.modules
+    }
 
 
 def test_resize_shrinks_to_the_best_approximation_and_grows_exactly(tiny_layouts):
@@ -165,8 +191,16 @@ def pairs(tiny_run, tiny_path):
 
 
 def _trainer(tiny_path, pairs, hp=HP, **start):
-    settings = TrainSettings(batch_size=8, gradient_accumulation=2, weight_decay=0.01, max_grad_norm=1.0,
-                             warmup_ratio=0.1, total_steps=20, layers=(1,), seed=7)
+    settings = TrainSettings(
+        batch_size=8,
+        gradient_accumulation=2,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        warmup_ratio=0.1,
+        total_steps=20,
+        layers=(1,),
+        seed=7,
+    )
     return LoraSFT(tiny_path, hp, settings, pairs[0], pairs[1], **start)
 
 
@@ -194,8 +228,9 @@ def test_trial_training_learns_and_resumes_exactly(tiny_path, pairs):
     interrupted = _trainer(tiny_path, pairs)
     interrupted.train(3)
     state = interrupted.state()
-    resumed = _trainer(tiny_path, pairs, adapter=interrupted.adapter(), optimizer_state=state["optimizer"],
-                       step=state["step"])
+    resumed = _trainer(
+        tiny_path, pairs, adapter=interrupted.adapter(), optimizer_state=state["optimizer"], step=state["step"]
+    )
     resumed.train(3)
     for key, value in straight.adapter().items():
         assert torch.equal(value, resumed.adapter()[key]), key
@@ -203,8 +238,10 @@ def test_trial_training_learns_and_resumes_exactly(tiny_path, pairs):
 
 def _checkpoint(folder, trainer, hp, context, trial, member, generation=2):
     save_adapter(folder / "adapter", trainer.adapter(), layout_for(hp, context))
-    torch.save({"trial": trial, "member": member, "parent": "", "generation": generation, "hp": hp,
-                **trainer.state()}, folder / "trainer.pt")
+    torch.save(
+        {"trial": trial, "member": member, "parent": "", "generation": generation, "hp": hp, **trainer.state()},
+        folder / "trainer.pt",
+    )
 
 
 def test_exploit_starts_the_child_from_its_parents_checkpoint(tmp_path, tiny_run, tiny_path, tiny_shapes, pairs):
@@ -218,8 +255,14 @@ def test_exploit_starts_the_child_from_its_parents_checkpoint(tmp_path, tiny_run
     assert child.parent == "r8_lr0.003_d0.0_g0" and child.member == "" and child.step == 2
     assert child.generation == 2 and child.adapter.keys() == weights.keys()
     assert all(torch.equal(child.adapter[k], weights[k]) for k in weights)
-    clone = _trainer(tiny_path, pairs, {**HP, "learning_rate": 1e-3}, adapter=child.adapter,
-                     optimizer_state=child.optimizer, step=child.step)
+    clone = _trainer(
+        tiny_path,
+        pairs,
+        {**HP, "learning_rate": 1e-3},
+        adapter=child.adapter,
+        optimizer_state=child.optimizer,
+        step=child.step,
+    )
     assert all(torch.equal(clone.adapter()[k], weights[k]) for k in weights)  # trains on from the parent
 
     smaller = {**HP, "rank": 1}
@@ -231,8 +274,9 @@ def test_exploit_starts_the_child_from_its_parents_checkpoint(tmp_path, tiny_run
         approx = new.scale * shrunk.adapter[slot.b_key].double() @ shrunk.adapter[slot.a_key].double()
         optimum = torch.linalg.svdvals(dw)[1:].pow(2).sum().sqrt()
         assert abs(torch.linalg.norm(dw - approx) - optimum) <= 1e-5 * optimum + 1e-12
-    resumed_shape = _trainer(tiny_path, pairs, smaller, adapter=shrunk.adapter, optimizer_state=shrunk.optimizer,
-                             step=shrunk.step)
+    resumed_shape = _trainer(
+        tiny_path, pairs, smaller, adapter=shrunk.adapter, optimizer_state=shrunk.optimizer, step=shrunk.step
+    )
     assert resumed_shape.step == 2  # the optimizer state of another shape is dropped, not loaded
 
     own = starting_point(tmp_path, HP, "parent_trial", context)  # a resume keeps the member
@@ -240,6 +284,7 @@ def test_exploit_starts_the_child_from_its_parents_checkpoint(tmp_path, tiny_run
 
 
 # --- summaries ------------------------------------------------------------------------------
+
 
 def test_convergence_flag_is_under_one_percent_over_five_generations():
     assert converged([0.1, 0.2, 0.3, 0.4, 0.5]) is None
@@ -249,11 +294,13 @@ def test_convergence_flag_is_under_one_percent_over_five_generations():
 
 
 def test_trials_reduce_to_one_record_per_generation(tmp_path):
-    rows = [{"trial": "a", "generation": 1, "fitness": 0.1, "accuracy": 0.2, "member": "ma", "tokens_trained": 10},
-            {"trial": "b", "generation": 1, "fitness": 0.3, "accuracy": 0.4, "member": "mb"},
-            {"trial": "a", "generation": 2, "fitness": 0.0, "accuracy": 0.1, "member": "ma"},
-            {"trial": "a", "generation": 2, "fitness": 0.5, "accuracy": 0.6, "member": "ma"},  # resumed: repeats
-            {"trial": "b", "generation": 2, "fitness": 0.2, "accuracy": 0.3, "member": "mb"}]
+    rows = [
+        {"trial": "a", "generation": 1, "fitness": 0.1, "accuracy": 0.2, "member": "ma", "tokens_trained": 10},
+        {"trial": "b", "generation": 1, "fitness": 0.3, "accuracy": 0.4, "member": "mb"},
+        {"trial": "a", "generation": 2, "fitness": 0.0, "accuracy": 0.1, "member": "ma"},
+        {"trial": "a", "generation": 2, "fitness": 0.5, "accuracy": 0.6, "member": "ma"},  # resumed: repeats
+        {"trial": "b", "generation": 2, "fitness": 0.2, "accuracy": 0.3, "member": "mb"},
+    ]
     (tmp_path / TRIALS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     trials = read_trials(tmp_path)
     assert len(trials) == 4 and trials[2]["fitness"] == 0.5
@@ -266,18 +313,21 @@ def test_trials_reduce_to_one_record_per_generation(tmp_path):
     assert records[0]["fitness_median"] == pytest.approx(0.2) and records[0]["trials"] == 2
 
 
-@pytest.mark.parametrize("override,message", [
-    ("strategy.ranks=[]", "strategy.ranks=[]: must list at least one value"),
-    ("strategy.ranks=[3,8]", "rank 3 is not one vLLM serves"),
-    ("strategy.learning_rates=[0.001,0]", "every learning rate must be > 0"),
-    ("strategy.learning_rates=[-1e-4]", "every learning rate must be > 0"),
-    ("strategy.dropouts=[1.5]", "every dropout must be in [0, 1)"),
-    ("strategy.target_modules=[[]]", "every option must name at least one module"),
-    ("strategy.keep_top_fraction=0.7", "strategy.keep_top_fraction=0.7"),
-    ("strategy.mutation_probability=1.5", "strategy.mutation_probability=1.5"),
-    ("strategy.fitness=loss", "strategy.fitness"),
-    ("hardware.trial_cpus=0", "hardware.trial_cpus=0"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("strategy.ranks=[]", "strategy.ranks=[]: must list at least one value"),
+        ("strategy.ranks=[3,8]", "rank 3 is not one vLLM serves"),
+        ("strategy.learning_rates=[0.001,0]", "every learning rate must be > 0"),
+        ("strategy.learning_rates=[-1e-4]", "every learning rate must be > 0"),
+        ("strategy.dropouts=[1.5]", "every dropout must be in [0, 1)"),
+        ("strategy.target_modules=[[]]", "every option must name at least one module"),
+        ("strategy.keep_top_fraction=0.7", "strategy.keep_top_fraction=0.7"),
+        ("strategy.mutation_probability=1.5", "strategy.mutation_probability=1.5"),
+        ("strategy.fitness=loss", "strategy.fitness"),
+        ("hardware.trial_cpus=0", "hardware.trial_cpus=0"),
+    ],
+)
 def test_bad_search_spaces_are_rejected(override, message):
     with pytest.raises(ConfigError) as error:
         compose_run(["strategy=pbt", override])

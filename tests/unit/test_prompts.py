@@ -7,8 +7,10 @@ from evora.errors import ConfigError
 from evora.tasks.base import Example
 from evora.tasks.prompts import PromptRenderer
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 EXAMPLE = Example("What is 2+3?", "5", prefix="Sure: ")
 
 

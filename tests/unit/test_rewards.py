@@ -7,8 +7,9 @@ from evora.tasks.rewards.exact import exact_answer
 from evora.tasks.rewards.safe_eval import UnsafeExpression, evaluate_arithmetic
 
 
-@pytest.mark.parametrize("completion,expected", [("46", 1.0), (" 46\n", 1.0), ("46 12+3=15", 0.0), ("4", 0.0),
-                                                 ("", 0.0), ("046", 0.0)])
+@pytest.mark.parametrize(
+    "completion,expected", [("46", 1.0), (" 46\n", 1.0), ("46 12+3=15", 0.0), ("4", 0.0), ("", 0.0), ("046", 0.0)]
+)
 def test_exact_answer(completion, expected):
     assert exact_answer(completion, "46") == expected
 
@@ -18,8 +19,25 @@ def test_safe_eval_values(text, value):
     assert evaluate_arithmetic(text) == value
 
 
-@pytest.mark.parametrize("text", ["__import__('os')", "9**9**9**9", "2**10", "1/0", "x+1", "(1).real",
-                                  "1e5", "True+1", "[1]", "1;2", "1" * 300, "9" * 14, "١+١", "1\x00+1"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os')",
+        "9**9**9**9",
+        "2**10",
+        "1/0",
+        "x+1",
+        "(1).real",
+        "1e5",
+        "True+1",
+        "[1]",
+        "1;2",
+        "1" * 300,
+        "9" * 14,
+        "١+١",
+        "1\x00+1",
+    ],
+)
 def test_safe_eval_rejects(text):
     with pytest.raises(UnsafeExpression):
         evaluate_arithmetic(text)

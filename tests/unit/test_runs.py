@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import make_summary
 
+from conftest import make_summary
 from evora import runs
 from evora.cli import main
 
@@ -20,10 +20,14 @@ from evora.cli import main
 def _run(root: Path, name: str, state: str, mtime: int) -> Path:
     run = root / name
     (run / "eval").mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(
-        {"generations": 30, "model": {"name": "tiny"}, "task": {"name": "addition"}, "strategy": {"name": "es"}}))
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"generation": g, "reward_mean": 0.5}) + "\n"
-                                               for g in range(4)))
+    (run / "config.yaml").write_text(
+        yaml.safe_dump(
+            {"generations": 30, "model": {"name": "tiny"}, "task": {"name": "addition"}, "strategy": {"name": "es"}}
+        )
+    )
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"generation": g, "reward_mean": 0.5}) + "\n" for g in range(4))
+    )
     if state == "finished":
         (run / "eval" / "summary.json").write_text(json.dumps(make_summary(0.5, 0.9)))
     if state == "running":
@@ -48,8 +52,11 @@ def root(tmp_path: Path) -> Path:
 
 
 def test_status(root: Path):
-    assert [runs.status(root / n) for n in ("2026-01-01_a", "2026-01-02_b", "2026-01-03_c")] == \
-        ["finished", "crashed", "running"]
+    assert [runs.status(root / n) for n in ("2026-01-01_a", "2026-01-02_b", "2026-01-03_c")] == [
+        "finished",
+        "crashed",
+        "running",
+    ]
     (root / "2026-01-02_b" / "run.lock").write_text(f"{_dead_pid()}\n")
     assert runs.status(root / "2026-01-02_b") == "crashed"  # stale lock of a dead process
 
@@ -67,8 +74,15 @@ def test_run_lock_writes_pid_and_removes_it(tmp_path: Path):
 def test_list_runs(root: Path):
     rows = runs.list_runs(root)
     assert [r["name"] for r in rows] == ["2026-01-03_c", "2026-01-01_a", "2026-01-02_b", "2026-01-04_d"]
-    assert rows[1] == {"name": "2026-01-01_a", "strategy": "es", "task": "addition", "model": "tiny",
-                       "generations": "3/30", "best_heldout": 0.9, "status": "finished"}
+    assert rows[1] == {
+        "name": "2026-01-01_a",
+        "strategy": "es",
+        "task": "addition",
+        "model": "tiny",
+        "generations": "3/30",
+        "best_heldout": 0.9,
+        "status": "finished",
+    }
 
 
 def test_clean_keeps_newest_and_never_the_running_run(root: Path, capsys):

@@ -27,7 +27,10 @@ def test_addition_splits_are_disjoint_and_deterministic():
     cfg = TaskConfig(name="addition", train_size=500, selection_size=50, eval_size=100)
     splits = build_task(cfg, seed=3).splits()
     assert splits == build_task(cfg, seed=3).splits()
-    pairs = lambda examples: {(e.data["a"], e.data["b"]) for e in examples}
+
+    def pairs(examples):
+        return {(e.data["a"], e.data["b"]) for e in examples}
+
     train, selection, held = pairs(splits.train), pairs(splits.selection), pairs(splits.heldout)
     assert len(selection) == 50 and not train & held and not selection & held and not train & selection
     assert all(is_heldout_pair(*p) for p in held | selection)
@@ -37,8 +40,9 @@ def test_addition_splits_are_disjoint_and_deterministic():
     assert other_seed.train != splits.train
 
 
-@pytest.mark.parametrize("name,kwargs", [("countdown", {}), ("arithmetic", {}),
-                                         ("jsonl", {"data_path": str(DATA / "qa.jsonl")})])
+@pytest.mark.parametrize(
+    "name,kwargs", [("countdown", {}), ("arithmetic", {}), ("jsonl", {"data_path": str(DATA / "qa.jsonl")})]
+)
 def test_generated_and_file_splits_are_disjoint_and_seeded(name, kwargs):
     cfg = TaskConfig(name=name, train_size=4, selection_size=2, eval_size=2, prompts_per_generation=2, **kwargs)
     a, b = build_task(cfg, 0).splits(), build_task(cfg, 0).splits()
@@ -124,20 +128,32 @@ def test_mmlu_pro_from_jsonl_and_parquet(tmp_path):
     pq.write_table(pa.Table.from_pylist(records), parquet)
     for path in (DATA / "mmlu_pro_sample.jsonl", parquet):
         t = task("mmlu_pro", data_path=str(path), train_size=10, eval_size=2, prompts_per_generation=2)
-        e = next(e for s in (t.splits().train, t.splits().heldout, t.splits().selection) for e in s
-                 if "derivative" in e.prompt)
+        e = next(
+            e
+            for s in (t.splits().train, t.splits().heldout, t.splits().selection)
+            for e in s
+            if "derivative" in e.prompt
+        )
         assert "C. 2x" in e.prompt and e.answer == "C"
         assert t.reward("The answer is (C).", e) == 1.0 and t.correct("Answer: C", e)
         assert t.reward("C. 2x", e) == 1.0
         assert t.reward("The answer is (B).", e) == 0.0 and t.reward("I am not sure.", e) == 0.0
 
 
-@pytest.mark.parametrize("scorer,completion,expected", [
-    ("exact", "Rome", 1.0), ("exact", "Rome is the capital", 0.0), ("contains", "It is Rome.", 1.0),
-    ("fuzzy", "the capital is rome", 1.0), ("fuzzy", "Paris", 0.0)])
+@pytest.mark.parametrize(
+    "scorer,completion,expected",
+    [
+        ("exact", "Rome", 1.0),
+        ("exact", "Rome is the capital", 0.0),
+        ("contains", "It is Rome.", 1.0),
+        ("fuzzy", "the capital is rome", 1.0),
+        ("fuzzy", "Paris", 0.0),
+    ],
+)
 def test_jsonl_scorers(scorer, completion, expected):
-    t = task("jsonl", data_path=str(DATA / "qa.jsonl"), scorer=scorer, train_size=4, eval_size=4,
-             prompts_per_generation=2)
+    t = task(
+        "jsonl", data_path=str(DATA / "qa.jsonl"), scorer=scorer, train_size=4, eval_size=4, prompts_per_generation=2
+    )
     e = next(e for s in (t.splits().train, t.splits().heldout) for e in s if e.answer == "Rome")
     assert t.reward(completion, e) == expected
 
@@ -148,17 +164,20 @@ def test_custom_reward_and_task_by_dotted_path():
     assert t.reward(e.answer.upper(), e) == 1.0 and t.correct(e.answer.upper(), e)
     even = build_task(TaskConfig(name="custom_example:EvenSumsTask", train_size=100), seed=0)
     assert even.splits().train and all(int(e.answer) % 2 == 0 for e in even.splits().train)
-    with pytest.raises(ConfigError, match="task.reward=\"custom_example:nope\""):
+    with pytest.raises(ConfigError, match='task.reward="custom_example:nope"'):
         build_task(TaskConfig(name="addition", reward="custom_example:nope"), seed=0)
-    with pytest.raises(ConfigError, match="task.name=\"nomodule:Task\""):
+    with pytest.raises(ConfigError, match='task.name="nomodule:Task"'):
         build_task(TaskConfig(name="nomodule:Task"), seed=0)
 
 
-@pytest.mark.parametrize("content,where", [
-    ('{"prompt": "a", "answer": "b"}\n{"prompt": "c", "answer": \n', "bad.jsonl:2: invalid JSON"),
-    ('{"prompt": "a", "answer": "b"}\n\n{"prompt": "c"}\n', "bad.jsonl:3: missing field 'answer'"),
-    ('{"prompt": "a", "answer": "b"}\n[1, 2]\n', "bad.jsonl:2: expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content,where",
+    [
+        ('{"prompt": "a", "answer": "b"}\n{"prompt": "c", "answer": \n', "bad.jsonl:2: invalid JSON"),
+        ('{"prompt": "a", "answer": "b"}\n\n{"prompt": "c"}\n', "bad.jsonl:3: missing field 'answer'"),
+        ('{"prompt": "a", "answer": "b"}\n[1, 2]\n', "bad.jsonl:2: expected a JSON object"),
+    ],
+)
 def test_malformed_jsonl_names_file_and_line(tmp_path, content, where):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)

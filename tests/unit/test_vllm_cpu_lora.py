@@ -16,15 +16,18 @@ def reference(inputs, weights, indices):
     return out
 
 
-@pytest.mark.parametrize("indices", [[0, 1, 1, 2, 0, -1], [3, 3, 3, 3, 3, 3], [-1, -1, 2, 2, 0, 1],
-                                     [-1, -1, -1, -1, -1, -1], [3, -1, 3, -1, 3, 3]])
+@pytest.mark.parametrize(
+    "indices",
+    [[0, 1, 1, 2, 0, -1], [3, 3, 3, 3, 3, 3], [-1, -1, 2, 2, 0, 1], [-1, -1, -1, -1, -1, -1], [3, -1, 3, -1, 3, 3]],
+)
 def test_grouped_products_match_the_reference(indices):
     g = torch.Generator().manual_seed(0)
     inputs = torch.randn(6, 10, generator=g)
     weights = torch.randn(4, 1, 7, 10, generator=g)  # [max_loras, 1, out, in] as vLLM stacks them
     idx = torch.tensor(indices)
-    assert torch.allclose(lora_products(inputs, weights, idx, torch.float32), reference(inputs, weights, idx),
-                          atol=1e-5)
+    assert torch.allclose(
+        lora_products(inputs, weights, idx, torch.float32), reference(inputs, weights, idx), atol=1e-5
+    )
 
 
 def test_ops_write_like_vllms():

@@ -5,8 +5,12 @@ from evora.strategies.es.strategy import ESPayload, ESState, EvolutionStrategy
 from evora.strategies.registry import register_strategy
 
 register_strategy(
-    "es", config=ESConfig, summary="evolution strategies over the LoRA tensors (antithetic, z-score, SGD/Adam)",
-    validate=check_es, center="mean", report_keys=("population", "sigma", "lr", "antithetic", "shaping", "optimizer"),
+    "es",
+    config=ESConfig,
+    summary="evolution strategies over the LoRA tensors (antithetic, z-score, SGD/Adam)",
+    validate=check_es,
+    center="mean",
+    report_keys=("population", "sigma", "lr", "antithetic", "shaping", "optimizer"),
     console_keys=(("update_norm", "|update|"),),
 )(EvolutionStrategy)
 

@@ -32,8 +32,12 @@ class ESConfig:
 def check_es(es: ESConfig, run: Any = None) -> None:
     require(es.population >= 2, "strategy.population", es.population, "must be an integer >= 2")
     if es.antithetic:
-        require(es.population % 2 == 0, "strategy.population", es.population,
-                "must be even when strategy.antithetic=true (allowed: 2, 4, 6, ...)")
+        require(
+            es.population % 2 == 0,
+            "strategy.population",
+            es.population,
+            "must be even when strategy.antithetic=true (allowed: 2, 4, 6, ...)",
+        )
     require(es.sigma > 0, "strategy.sigma", es.sigma, "must be > 0")
     require(es.lr > 0, "strategy.lr", es.lr, "must be > 0")
     require(es.weight_decay >= 0, "strategy.weight_decay", es.weight_decay, "must be >= 0")

@@ -51,8 +51,10 @@ class EvolutionStrategy:
 
     def population(self, generation: int) -> list[CandidateSpec]:
         if self.cfg.antithetic:
-            return [CandidateSpec(generation, i, member=i // 2, sign=1 if i % 2 == 0 else -1)
-                    for i in range(self.cfg.population)]
+            return [
+                CandidateSpec(generation, i, member=i // 2, sign=1 if i % 2 == 0 else -1)
+                for i in range(self.cfg.population)
+            ]
         return [CandidateSpec(generation, i, member=i) for i in range(self.cfg.population)]
 
     def noise(self, generation: int, member: int, name: str, shape_: tuple[int, ...]) -> torch.Tensor:
@@ -76,9 +78,10 @@ class EvolutionStrategy:
 
     def materialise(self, payload: ESPayload, spec: CandidateSpec) -> Tensors:
         scales = payload.noise_scales
-        return {k: v + (spec.sign * self.sigma_of(scales, k)) * self.noise(spec.generation, spec.member, k,
-                                                                             tuple(v.shape))
-                for k, v in payload.theta.items()}
+        return {
+            k: v + (spec.sign * self.sigma_of(scales, k)) * self.noise(spec.generation, spec.member, k, tuple(v.shape))
+            for k, v in payload.theta.items()
+        }
 
     def gradient(self, state: ESState, specs: list[CandidateSpec], fitness: np.ndarray) -> Tensors:
         """1/(N sigma_k) * sum_i w_i sign_i eps_i, one noise draw per member, in a fixed order."""
@@ -108,8 +111,11 @@ class EvolutionStrategy:
             direction, new.adam_m, new.adam_v = self._adam(state, grad, step)
         lr, decay = self.cfg.lr, self.cfg.weight_decay
         new.theta = {k: theta[k] + lr * direction[k] - (lr * decay) * theta[k] for k in theta}
-        stats = {"grad_norm": _norm(grad), "update_norm": _norm({k: new.theta[k] - theta[k] for k in theta}),
-                 "theta_norm": _norm(new.theta)}
+        stats = {
+            "grad_norm": _norm(grad),
+            "update_norm": _norm({k: new.theta[k] - theta[k] for k in theta}),
+            "theta_norm": _norm(new.theta),
+        }
         return Told(new, stats)
 
     def _adam(self, state: ESState, grad: Tensors, step: int) -> tuple[Tensors, Tensors, Tensors]:

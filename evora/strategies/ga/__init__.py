@@ -6,8 +6,11 @@ from evora.strategies.ga.strategy import GAPayload, GASpec, GAState, GeneticAlgo
 from evora.strategies.registry import register_strategy
 
 register_strategy(
-    "ga", config=GAConfig, summary="genetic algorithm over the LoRA tensors (elitism, crossover, mutation)",
-    validate=check_ga, center="elite",
+    "ga",
+    config=GAConfig,
+    summary="genetic algorithm over the LoRA tensors (elitism, crossover, mutation)",
+    validate=check_ga,
+    center="elite",
     report_keys=("population", "keep_top", "parents", "selection", "crossover_rate", "mutation_scale"),
     console_keys=(("best_fitness", "best"),),
 )(GeneticAlgorithm)

@@ -33,24 +33,44 @@ class GAConfig:
 
 def check_ga(ga: GAConfig, run: Any = None) -> None:
     require(ga.population >= 2, "strategy.population", ga.population, "must be an integer >= 2")
-    require(1 <= ga.keep_top < ga.population, "strategy.keep_top", ga.keep_top,
-            f"must be in 1..strategy.population - 1 ({ga.population - 1}): elites leave room for offspring")
-    require(ga.keep_top <= ga.parents <= ga.population, "strategy.parents", ga.parents,
-            f"must be in strategy.keep_top..strategy.population ({ga.keep_top}..{ga.population})")
+    require(
+        1 <= ga.keep_top < ga.population,
+        "strategy.keep_top",
+        ga.keep_top,
+        f"must be in 1..strategy.population - 1 ({ga.population - 1}): elites leave room for offspring",
+    )
+    require(
+        ga.keep_top <= ga.parents <= ga.population,
+        "strategy.parents",
+        ga.parents,
+        f"must be in strategy.keep_top..strategy.population ({ga.keep_top}..{ga.population})",
+    )
     choice("strategy.selection", ga.selection, ("truncation", "tournament"))
-    require(1 <= ga.tournament_size <= ga.parents, "strategy.tournament_size", ga.tournament_size,
-            f"must be in 1..strategy.parents ({ga.parents})")
+    require(
+        1 <= ga.tournament_size <= ga.parents,
+        "strategy.tournament_size",
+        ga.tournament_size,
+        f"must be in 1..strategy.parents ({ga.parents})",
+    )
     for key in ("crossover_rate", "mutation_rate"):
         value = getattr(ga, key)
         require(0 <= value <= 1, f"strategy.{key}", value, "must be in [0, 1]")
     if ga.crossover_rate > 0:
-        require(ga.parents >= 2, "strategy.crossover_rate", ga.crossover_rate,
-                "crossover needs two parents: set strategy.parents >= 2 or strategy.crossover_rate=0")
+        require(
+            ga.parents >= 2,
+            "strategy.crossover_rate",
+            ga.crossover_rate,
+            "crossover needs two parents: set strategy.parents >= 2 or strategy.crossover_rate=0",
+        )
     choice("strategy.crossover", ga.crossover, ("module", "layer", "blend"))
     require(ga.mutation_scale > 0, "strategy.mutation_scale", ga.mutation_scale, "must be > 0")
     require(ga.adaptation_rate >= 0, "strategy.adaptation_rate", ga.adaptation_rate, "must be >= 0")
     choice("strategy.encoding", ga.encoding, ("tensors", "seeds"))
     if ga.encoding == "seeds":
-        require(ga.crossover_rate == 0, "strategy.encoding", ga.encoding,
-                "seeds (a chain of mutation seeds) needs strategy.crossover_rate=0")
+        require(
+            ga.crossover_rate == 0,
+            "strategy.encoding",
+            ga.encoding,
+            "seeds (a chain of mutation seeds) needs strategy.crossover_rate=0",
+        )
     check_init(ga)

@@ -11,11 +11,11 @@ import random
 
 import torch
 
+from evora.lora import Tensors
 from evora.lora.layout import layer_of
 from evora.lora.noise import gaussian, noise_key
 from evora.lora.resize import truncate_product
 
-Tensors = dict[str, torch.Tensor]
 A_SUFFIX, B_SUFFIX = ".lora_A.weight", ".lora_B.weight"
 
 
@@ -24,7 +24,7 @@ def module_pairs(tensors: Tensors) -> dict[str, tuple[str, str]]:
     pairs: dict[str, tuple[str, str]] = {}
     for key in tensors:
         if key.endswith(A_SUFFIX):
-            module = key[:-len(A_SUFFIX)]
+            module = key[: -len(A_SUFFIX)]
             pairs[module] = (key, module + B_SUFFIX)
     return pairs
 
@@ -62,8 +62,9 @@ def crossover_layers(first: Tensors, second: Tensors, seed: int) -> Tensors:
     return _ordered(child, first)
 
 
-def blend_pair(a1: torch.Tensor, b1: torch.Tensor, a2: torch.Tensor, b2: torch.Tensor,
-               weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+def blend_pair(
+    a1: torch.Tensor, b1: torch.Tensor, a2: torch.Tensor, b2: torch.Tensor, weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(A, B) of rank r whose product is the best rank-r approximation (Eckart-Young) of
     weight * B1 A1 + (1 - weight) * B2 A2, from the thin factors (see lora.resize)."""
     left = torch.cat([weight * b1, (1 - weight) * b2], dim=1)  # out x 2r
@@ -77,8 +78,7 @@ def crossover_blend(first: Tensors, second: Tensors, seed: int) -> Tensors:
     rng = random.Random(noise_key(seed, "blend-crossover"))
     child: Tensors = {}
     for a_key, b_key in module_pairs(first).values():
-        child[a_key], child[b_key] = blend_pair(first[a_key], first[b_key], second[a_key], second[b_key],
-                                                rng.random())
+        child[a_key], child[b_key] = blend_pair(first[a_key], first[b_key], second[a_key], second[b_key], rng.random())
     return _ordered(child, first)
 
 
@@ -95,6 +95,7 @@ def mutate(parent: Tensors, seed: int, sigma: float, rate: float, scales: dict[s
         if rng.random() < rate:
             for key in pair:
                 value = parent[key]
-                child[key] = value + (sigma * scales.get(key, 1.0)) * gaussian(noise_key(seed, "mutation", key),
-                                                                               tuple(value.shape))
+                child[key] = value + (sigma * scales.get(key, 1.0)) * gaussian(
+                    noise_key(seed, "mutation", key), tuple(value.shape)
+                )
     return child

@@ -83,8 +83,13 @@ class GeneticAlgorithm:
 
     def start(self, adapter: Tensors, scales: dict[str, float] | None = None) -> GAState:
         initial = clone_tensors(adapter)
-        state = GAState(pool=[initial], ids=[member_id(0, 0, INIT)], fitness=[float("nan")],
-                        sigmas=[self.cfg.mutation_scale], noise_scales=dict(scales or {}))
+        state = GAState(
+            pool=[initial],
+            ids=[member_id(0, 0, INIT)],
+            fitness=[float("nan")],
+            sigmas=[self.cfg.mutation_scale],
+            noise_scales=dict(scales or {}),
+        )
         if self.cfg.encoding == "seeds":
             state.base, state.chains = initial, [[]]
         return state
@@ -151,7 +156,7 @@ class GeneticAlgorithm:
     def survivors(self, fitness: np.ndarray) -> list[int]:
         """Positions of the next generation's parents, best first (ties: lower index)."""
         score = [float(f) if not math.isnan(f) else -math.inf for f in fitness]  # NaN never survives
-        return sorted(range(len(score)), key=lambda i: (-score[i], i))[:self.cfg.parents]
+        return sorted(range(len(score)), key=lambda i: (-score[i], i))[: self.cfg.parents]
 
     def tell(self, state: GAState, specs: list[GASpec], results: GenerationResults) -> Told:
         if [s.index for s in specs] != list(range(len(specs))):
@@ -162,12 +167,17 @@ class GeneticAlgorithm:
         new = GAState(
             pool=[self.materialise(payload, specs[i]) for i in keep],
             ids=[specs[i].label if specs[i].op != ELITE else state.ids[specs[i].parents[0]] for i in keep],
-            fitness=[float(fitness[i]) for i in keep], sigmas=[specs[i].sigma for i in keep],
-            noise_scales=state.noise_scales)
+            fitness=[float(fitness[i]) for i in keep],
+            sigmas=[specs[i].sigma for i in keep],
+            noise_scales=state.noise_scales,
+        )
         if self.cfg.encoding == "seeds":
             new.base, new.chains = state.base, [self._chain(state, specs[i]) for i in keep]
-        stats = {"best_fitness": float(fitness[keep[0]]), "parents_fitness_mean": float(np.mean(new.fitness)),
-                 "mutation_scale_mean": float(np.mean(new.sigmas))}
+        stats = {
+            "best_fitness": float(fitness[keep[0]]),
+            "parents_fitness_mean": float(np.mean(new.fitness)),
+            "mutation_scale_mean": float(np.mean(new.sigmas)),
+        }
         return Told(new, stats, self.lineage(state, specs, fitness, new))
 
     @staticmethod
@@ -181,8 +191,16 @@ class GeneticAlgorithm:
         records = []
         for spec in specs:
             ident = state.ids[spec.parents[0]] if spec.op == ELITE else spec.label
-            records.append({"generation": spec.generation + 1, "id": ident, "index": spec.index, "op": spec.op,
-                            "parents": [state.ids[p] for p in spec.parents] if spec.op != ELITE else [],
-                            "fitness": float(fitness[spec.index]), "mutation_scale": spec.sigma,
-                            "survived": ident in survived})
+            records.append(
+                {
+                    "generation": spec.generation + 1,
+                    "id": ident,
+                    "index": spec.index,
+                    "op": spec.op,
+                    "parents": [state.ids[p] for p in spec.parents] if spec.op != ELITE else [],
+                    "fitness": float(fitness[spec.index]),
+                    "mutation_scale": spec.sigma,
+                    "survived": ident in survived,
+                }
+            )
         return records

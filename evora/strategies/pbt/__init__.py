@@ -7,8 +7,11 @@ from evora.strategies.pbt.config import PBTConfig, check_pbt
 from evora.strategies.registry import register_strategy
 
 register_strategy(
-    "pbt", config=PBTConfig, summary="LoRALab-style hyperparameter search, as Ray Tune population-based training",
-    runner="evora.strategies.pbt.runner:run_pbt", validate=check_pbt,
+    "pbt",
+    config=PBTConfig,
+    summary="LoRALab-style hyperparameter search, as Ray Tune population-based training",
+    runner="evora.strategies.pbt.runner:run_pbt",
+    validate=check_pbt,
     report_keys=("population", "steps_per_generation", "ranks", "learning_rates", "keep_top_fraction", "fitness"),
 )
 

@@ -48,8 +48,12 @@ def check_pbt(pbt: PBTConfig, run: Any) -> None:
     for key in ("ranks", "alpha_multipliers", "learning_rates", "lr_factors", "dropouts", "target_modules"):
         _nonempty(key, getattr(pbt, key))
     for rank in pbt.ranks:
-        require(rank in VLLM_LORA_RANKS, "strategy.ranks", list(pbt.ranks),
-                f"rank {rank} is not one vLLM serves; allowed: {', '.join(map(str, VLLM_LORA_RANKS))}")
+        require(
+            rank in VLLM_LORA_RANKS,
+            "strategy.ranks",
+            list(pbt.ranks),
+            f"rank {rank} is not one vLLM serves; allowed: {', '.join(map(str, VLLM_LORA_RANKS))}",
+        )
     for rate in pbt.learning_rates:
         require(rate > 0, "strategy.learning_rates", list(pbt.learning_rates), "every learning rate must be > 0")
     require(0 < pbt.lr_min < pbt.lr_max, "strategy.lr_min", pbt.lr_min, f"must be in (0, strategy.lr_max={pbt.lr_max})")
@@ -60,12 +64,20 @@ def check_pbt(pbt: PBTConfig, run: Any) -> None:
     for value in pbt.dropouts:
         require(0 <= value < 1, "strategy.dropouts", list(pbt.dropouts), "every dropout must be in [0, 1)")
     for modules in pbt.target_modules:
-        require(len(modules) > 0, "strategy.target_modules", [list(m) for m in pbt.target_modules],
-                "every option must name at least one module")
+        require(
+            len(modules) > 0,
+            "strategy.target_modules",
+            [list(m) for m in pbt.target_modules],
+            "every option must name at least one module",
+        )
     for key in ("mutation_probability", "resample_probability"):
         require(0 <= getattr(pbt, key) <= 1, f"strategy.{key}", getattr(pbt, key), "must be in [0, 1]")
-    require(0 < pbt.keep_top_fraction <= 0.5, "strategy.keep_top_fraction", pbt.keep_top_fraction,
-            "must be in (0, 0.5]: the top fraction is cloned into the bottom fraction")
+    require(
+        0 < pbt.keep_top_fraction <= 0.5,
+        "strategy.keep_top_fraction",
+        pbt.keep_top_fraction,
+        "must be in (0, 0.5]: the top fraction is cloned into the bottom fraction",
+    )
     require(pbt.weight_decay >= 0, "strategy.weight_decay", pbt.weight_decay, "must be >= 0")
     require(pbt.max_grad_norm > 0, "strategy.max_grad_norm", pbt.max_grad_norm, "must be > 0")
     require(0 <= pbt.warmup_ratio < 1, "strategy.warmup_ratio", pbt.warmup_ratio, "must be in [0, 1)")
@@ -75,7 +87,15 @@ def check_pbt(pbt: PBTConfig, run: Any) -> None:
     except ConfigError as error:
         raise ConfigError(str(error).replace("task.fitness", "strategy.fitness")) from None
     if pbt.eval_split == "selection":
-        require(run.task.selection_size > 0, "strategy.eval_split", "selection",
-                "needs task.selection_size > 0, or strategy.eval_split=heldout")
-    require(run.hardware.trial_cpus > 0 or run.hardware.trial_gpus > 0, "hardware.trial_cpus",
-            run.hardware.trial_cpus, "a training trial needs CPUs or GPUs")
+        require(
+            run.task.selection_size > 0,
+            "strategy.eval_split",
+            "selection",
+            "needs task.selection_size > 0, or strategy.eval_split=heldout",
+        )
+    require(
+        run.hardware.trial_cpus > 0 or run.hardware.trial_gpus > 0,
+        "hardware.trial_cpus",
+        run.hardware.trial_cpus,
+        "a training trial needs CPUs or GPUs",
+    )

@@ -17,9 +17,9 @@ import logging
 import os
 import random
 import statistics
-import warnings
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -65,9 +65,14 @@ class TrialContext:
 
 
 def layout_for(hp: dict[str, Any], context: TrialContext) -> AdapterLayout:
-    return build_layout(context.shapes, rank=hp["rank"], alpha=hp["rank"] * hp["alpha_multiplier"],
-                        target_modules=modules_of(hp["target_modules"]), layers=context.run.lora.layers,
-                        base_model=context.model_path)
+    return build_layout(
+        context.shapes,
+        rank=hp["rank"],
+        alpha=hp["rank"] * hp["alpha_multiplier"],
+        target_modules=modules_of(hp["target_modules"]),
+        layers=context.run.lora.layers,
+        base_model=context.model_path,
+    )
 
 
 @dataclass
@@ -103,6 +108,33 @@ def training_pairs(run: RunConfig, model_path: str) -> tuple[list[tuple[list[int
     return pairs, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
+def _trainer(context: TrialContext, hp: dict[str, Any], start: Start, trial_id: str) -> LoraSFT:
+    """The member's trainer, from where it starts (fresh, its own checkpoint, or a clone)."""
+    run, space = context.run, context.run.strategy
+    pairs, pad_id = training_pairs(run, context.model_path)
+    settings = TrainSettings(
+        space.batch_size,
+        space.gradient_accumulation,
+        space.weight_decay,
+        space.max_grad_norm,
+        space.warmup_ratio,
+        run.generations * space.steps_per_generation,
+        tuple(run.lora.layers) if run.lora.layers else None,
+        noise_key(run.seed, "pbt-trial", trial_id),
+    )
+    return LoraSFT(
+        context.model_path,
+        hp,
+        settings,
+        pairs,
+        pad_id,
+        start.adapter,
+        start.optimizer,
+        start.step,
+        device="cuda" if run.hardware.trial_gpus > 0 else "cpu",
+    )
+
+
 def pbt_trial(config: dict[str, Any], context: TrialContext) -> None:
     """One member: train, score, report with a checkpoint; repeat until the last generation."""
     run, space = context.run, context.run.strategy
@@ -111,13 +143,7 @@ def pbt_trial(config: dict[str, Any], context: TrialContext) -> None:
     checkpoint = tune.get_checkpoint()
     with checkpoint.as_directory() if checkpoint else tempfile.TemporaryDirectory() as folder:
         start = starting_point(Path(folder) if checkpoint else None, hp, trial_id, context)
-    pairs, pad_id = training_pairs(run, context.model_path)
-    settings = TrainSettings(space.batch_size, space.gradient_accumulation, space.weight_decay, space.max_grad_norm,
-                             space.warmup_ratio, run.generations * space.steps_per_generation,
-                             tuple(run.lora.layers) if run.lora.layers else None,
-                             noise_key(run.seed, "pbt-trial", trial_id))
-    trainer = LoraSFT(context.model_path, hp, settings, pairs, pad_id, start.adapter, start.optimizer, start.step,
-                      device="cuda" if run.hardware.trial_gpus > 0 else "cpu")
+    trainer = _trainer(context, hp, start, trial_id)
     service, layout, fitness = ray.get_actor(context.service), layout_for(hp, context), parse_fitness(space.fitness)
     member, generation = start.member or member_id(hp, start.generation), start.generation
     while generation < run.generations:
@@ -128,21 +154,43 @@ def pbt_trial(config: dict[str, Any], context: TrialContext) -> None:
         metrics = ray.get(service.metrics.remote(adapter, layout, space.eval_split))
         with tempfile.TemporaryDirectory() as folder:
             save_adapter(Path(folder) / "adapter", adapter, layout)
-            torch.save({"trial": trial_id, "member": member, "parent": start.parent, "generation": generation,
-                        "hp": hp, **trainer.state()}, Path(folder) / "trainer.pt")
-            tune.report({"fitness": fitness(metrics), **metrics, "loss": loss, "generation": generation,
-                         "member": member, "parent": start.parent, "step": trainer.step,
-                         "tokens_trained": trainer.tokens_trained - trained_before},
-                        checkpoint=tune.Checkpoint.from_directory(folder))
+            torch.save(
+                {
+                    "trial": trial_id,
+                    "member": member,
+                    "parent": start.parent,
+                    "generation": generation,
+                    "hp": hp,
+                    **trainer.state(),
+                },
+                Path(folder) / "trainer.pt",
+            )
+            tune.report(
+                {
+                    "fitness": fitness(metrics),
+                    **metrics,
+                    "loss": loss,
+                    "generation": generation,
+                    "member": member,
+                    "parent": start.parent,
+                    "step": trainer.step,
+                    "tokens_trained": trainer.tokens_trained - trained_before,
+                },
+                checkpoint=tune.Checkpoint.from_directory(folder),
+            )
 
 
 class LoraLabPBT(PopulationBasedTraining):
     """Ray's PBT with LoRALab's explore step, and every exploit written to lineage.jsonl."""
 
     def __init__(self, space: Any, run_dir: str, seed: int, **kwargs: Any):
-        mutations = {"rank": list(space.ranks), "alpha_multiplier": list(space.alpha_multipliers),
-                     "learning_rate": list(space.learning_rates), "dropout": list(space.dropouts),
-                     "target_modules": module_sets(space)}
+        mutations = {
+            "rank": list(space.ranks),
+            "alpha_multiplier": list(space.alpha_multipliers),
+            "learning_rate": list(space.learning_rates),
+            "dropout": list(space.dropouts),
+            "target_modules": module_sets(space),
+        }
         super().__init__(hyperparam_mutations=mutations, **kwargs)
         self.space = space
         self.lineage_path = str(Path(run_dir) / LINEAGE_FILE)
@@ -157,8 +205,9 @@ class LoraLabPBT(PopulationBasedTraining):
         trials = tune_controller.get_trials()
         waiting = [t for t in trials if t.status in (Trial.PENDING, Trial.PAUSED)]
         if trial is None and waiting and not any(t.status == Trial.RUNNING for t in trials):
-            self._next_perturbation_sync = min(self._trial_state[t].last_train_time for t in waiting) + \
-                self._perturbation_interval
+            self._next_perturbation_sync = (
+                min(self._trial_state[t].last_train_time for t in waiting) + self._perturbation_interval
+            )
             trial = super().choose_trial_to_run(tune_controller)
         return trial
 
@@ -170,10 +219,17 @@ class LoraLabPBT(PopulationBasedTraining):
         state = self._trial_state.get(trial_to_clone)
         last = (state.last_result if state is not None else None) or trial_to_clone.last_result or {}
         generation = int(last.get("generation", 0))
-        record = {"generation": generation, "op": "exploit", "trial": trial.trial_id,
-                  "from_trial": trial_to_clone.trial_id, "parent": last.get("member", ""),
-                  "id": member_id(new, generation), "fitness": last.get("fitness"),
-                  "changes": {k: [old[k], new[k]] for k in KEYS if old[k] != new[k]}, "operations": operations}
+        record = {
+            "generation": generation,
+            "op": "exploit",
+            "trial": trial.trial_id,
+            "from_trial": trial_to_clone.trial_id,
+            "parent": last.get("member", ""),
+            "id": member_id(new, generation),
+            "fitness": last.get("fitness"),
+            "changes": {k: [old[k], new[k]] for k in KEYS if old[k] != new[k]},
+            "operations": operations,
+        }
         with open(self.lineage_path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
         return new, operations
@@ -186,16 +242,28 @@ class TrialLog(Callback):
         self.path, self.generations, self.quiet = str(Path(run_dir) / TRIALS_FILE), generations, quiet
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        keys = ("generation", "member", "parent", "fitness", "reward", "accuracy", "perplexity", "loss", "step",
-                "tokens_trained")
-        record = {"trial": trial.trial_id, **{k: result.get(k) for k in keys},
-                  **{k: trial.config[k] for k in KEYS}}
+        keys = (
+            "generation",
+            "member",
+            "parent",
+            "fitness",
+            "reward",
+            "accuracy",
+            "perplexity",
+            "loss",
+            "step",
+            "tokens_trained",
+        )
+        record = {"trial": trial.trial_id, **{k: result.get(k) for k in keys}, **{k: trial.config[k] for k in KEYS}}
         with open(self.path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
         if not self.quiet:
-            print(f"gen {record['generation']:>3}/{self.generations}  {record['member']:<28} fitness "
-                  f"{record['fitness']:.3f}  accuracy {record['accuracy']:.3f}  perplexity {record['perplexity']:.2f}"
-                  f"  loss {record['loss']:.3f}", flush=True)
+            print(
+                f"gen {record['generation']:>3}/{self.generations}  {record['member']:<28} fitness "
+                f"{record['fitness']:.3f}  accuracy {record['accuracy']:.3f}  perplexity {record['perplexity']:.2f}"
+                f"  loss {record['loss']:.3f}",
+                flush=True,
+            )
 
 
 def generation_records(trials: list[dict[str, Any]], parameters: int, scoring: Spend) -> list[dict[str, Any]]:
@@ -212,11 +280,20 @@ def generation_records(trials: list[dict[str, Any]], parameters: int, scoring: S
         trained = sum(t.get("tokens_trained") or 0 for t in rows)
         flops = 6.0 * parameters * trained + scoring_flops
         cumulative += flops
-        records.append({"generation": generation, "fitness_max": max(fitness),
-                        "fitness_median": statistics.median(fitness), "fitness_min": min(fitness),
-                        "accuracy_max": max(t["accuracy"] for t in rows), "best_member": best["member"],
-                        "trials": len(rows), "tokens_trained": trained, "flops": flops,
-                        "cumulative_flops": cumulative})
+        records.append(
+            {
+                "generation": generation,
+                "fitness_max": max(fitness),
+                "fitness_median": statistics.median(fitness),
+                "fitness_min": min(fitness),
+                "accuracy_max": max(t["accuracy"] for t in rows),
+                "best_member": best["member"],
+                "trials": len(rows),
+                "tokens_trained": trained,
+                "flops": flops,
+                "cumulative_flops": cumulative,
+            }
+        )
     return records
 
 
@@ -229,39 +306,75 @@ def converged(best_by_generation: list[float], window: int = 5, threshold: float
     return (now - before) <= threshold * max(abs(before), 1e-9)
 
 
-def _tuner(run: RunConfig, run_dir: Path, context: TrialContext, restore: bool) -> tune.Tuner:
-    hw, space = run.hardware, run.strategy
-    trainable = tune.with_resources(tune.with_parameters(pbt_trial, context=context),
-                                    {"cpu": hw.trial_cpus, "gpu": hw.trial_gpus})
-    experiment = run_dir.resolve() / "tune" / EXPERIMENT
-    if restore:
-        return tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=True)
-    rng = random.Random(noise_key(run.seed, "pbt-initial"))
-    points = [sample(space, rng) for _ in range(space.population)]
-    param_space = {"rank": tune.choice(space.ranks), "alpha_multiplier": tune.choice(space.alpha_multipliers),
-                   "learning_rate": tune.choice(space.learning_rates), "dropout": tune.choice(space.dropouts),
-                   "target_modules": tune.choice(module_sets(space))}
-    scheduler = LoraLabPBT(space, str(run_dir), run.seed, time_attr="training_iteration", metric="fitness",
-                           mode="max", perturbation_interval=1, quantile_fraction=space.keep_top_fraction,
-                           synch=True)
+def _callbacks(run: RunConfig, run_dir: Path) -> list[Any]:
+    """trials.jsonl and console lines always; W&B's logger with tracking=wandb."""
     callbacks: list[Any] = [TrialLog(str(run_dir), run.generations, quiet=not run.tracking.progress)]
     if run.tracking.name == "wandb":
         from ray.air.integrations.wandb import WandbLoggerCallback
 
         tracking = run.tracking
-        callbacks.append(WandbLoggerCallback(project=tracking.wandb_project, entity=tracking.wandb_entity,
-                                             group=tracking.wandb_group or run_dir.name, mode=tracking.wandb_mode,
-                                             dir=str(run_dir), log_config=False))
+        callbacks.append(
+            WandbLoggerCallback(
+                project=tracking.wandb_project,
+                entity=tracking.wandb_entity,
+                group=tracking.wandb_group or run_dir.name,
+                mode=tracking.wandb_mode,
+                dir=str(run_dir),
+                log_config=False,
+            )
+        )
+    return callbacks
+
+
+def _tuner(run: RunConfig, run_dir: Path, context: TrialContext, restore: bool) -> tune.Tuner:
+    hw, space = run.hardware, run.strategy
+    trainable = tune.with_resources(
+        tune.with_parameters(pbt_trial, context=context), {"cpu": hw.trial_cpus, "gpu": hw.trial_gpus}
+    )
+    experiment = run_dir.resolve() / "tune" / EXPERIMENT
+    if restore:
+        return tune.Tuner.restore(str(experiment), trainable=trainable, resume_unfinished=True, resume_errored=True)
+    rng = random.Random(noise_key(run.seed, "pbt-initial"))
+    points = [sample(space, rng) for _ in range(space.population)]
+    param_space = {
+        "rank": tune.choice(space.ranks),
+        "alpha_multiplier": tune.choice(space.alpha_multipliers),
+        "learning_rate": tune.choice(space.learning_rates),
+        "dropout": tune.choice(space.dropouts),
+        "target_modules": tune.choice(module_sets(space)),
+    }
+    scheduler = LoraLabPBT(
+        space,
+        str(run_dir),
+        run.seed,
+        time_attr="training_iteration",
+        metric="fitness",
+        mode="max",
+        perturbation_interval=1,
+        quantile_fraction=space.keep_top_fraction,
+        synch=True,
+    )
+    callbacks = _callbacks(run, run_dir)
     warnings.filterwarnings("ignore", message=".*num_to_keep.*PBT")
-    return tune.Tuner(trainable, param_space=param_space,
-                      tune_config=tune.TuneConfig(scheduler=scheduler, num_samples=space.population,
-                                                  search_alg=BasicVariantGenerator(points_to_evaluate=points),
-                                                  reuse_actors=True),
-                      run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(experiment.parent),
-                                                stop={"training_iteration": run.generations},
-                                                failure_config=tune.FailureConfig(max_failures=2),
-                                                checkpoint_config=tune.CheckpointConfig(num_to_keep=4),
-                                                callbacks=callbacks, verbose=0))
+    return tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            scheduler=scheduler,
+            num_samples=space.population,
+            search_alg=BasicVariantGenerator(points_to_evaluate=points),
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=EXPERIMENT,
+            storage_path=str(experiment.parent),
+            stop={"training_iteration": run.generations},
+            failure_config=tune.FailureConfig(max_failures=2),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=4),
+            callbacks=callbacks,
+            verbose=0,
+        ),
+    )
 
 
 def _service(run: RunConfig, model_path: str, shapes: dict, name: str) -> Any:
@@ -271,9 +384,14 @@ def _service(run: RunConfig, model_path: str, shapes: dict, name: str) -> Any:
     # num_workers=null means one engine per GPU for es/ga; here trials train on the GPUs, so one engine.
     hardware = replace(run.hardware, num_workers=run.hardware.num_workers or 1)
     widest = max(run.strategy.ranks)
-    layout = build_layout(shapes, rank=widest, alpha=widest,
-                          target_modules=sorted({m for ts in run.strategy.target_modules for m in ts}),
-                          layers=run.lora.layers, base_model=model_path)
+    layout = build_layout(
+        shapes,
+        rank=widest,
+        alpha=widest,
+        target_modules=sorted({m for ts in run.strategy.target_modules for m in ts}),
+        layers=run.lora.layers,
+        base_model=model_path,
+    )
     splits = build_task(run.task, run.seed).splits()
     sizes = {name_: len(splits.get(name_)) for name_ in ("train", "selection", "heldout")}
     spec = worker_spec(run, model_path, layout, name.rsplit("-", 1)[-1], with_strategy=False, max_lora_rank=widest)
@@ -286,8 +404,10 @@ def check_trial_resources(run: RunConfig) -> None:
     for key, resource in (("trial_cpus", "CPU"), ("trial_gpus", "GPU")):
         wanted = getattr(run.hardware, key)
         if wanted > free.get(resource, 0.0) + 1e-9:
-            raise ConfigError(f"hardware.{key}={wanted}: only {free.get(resource, 0.0):g} {resource} left beside "
-                               f"the engine workers; lower hardware.{key} or hardware.num_workers")
+            raise ConfigError(
+                f"hardware.{key}={wanted}: only {free.get(resource, 0.0):g} {resource} left beside "
+                f"the engine workers; lower hardware.{key} or hardware.num_workers"
+            )
 
 
 def quiet_tune() -> None:
@@ -309,17 +429,29 @@ def run_pbt(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], N
         write_config(folder, run)
     init_ray(run)
     model_path = locate_model(run.model.path).path
-    shapes = linear_shapes_of_model(model_path, revision=run.model.revision,
-                                    trust_remote_code=run.model.trust_remote_code)
+    shapes = linear_shapes_of_model(
+        model_path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
+    )
     name = f"evora-eval-{run_tag(run_dir)}"
     service = _service(run, model_path, shapes, name)
     # Engines first: trials started earlier could take the CPUs/GPUs the engine workers need.
     workers = ray.get(service.workers.remote())
     check_trial_resources(run)
     context = TrialContext(run, model_path, name, shapes)
-    on_event({"kind": "start", "strategy": "pbt", "population": run.strategy.population,
-              "generations": run.generations, "start": 0, "workers": workers, "resumed": restore,
-              "base_heldout": None, "adapter_parameters": None, "setup_seconds": time.perf_counter() - started})
+    on_event(
+        {
+            "kind": "start",
+            "strategy": "pbt",
+            "population": run.strategy.population,
+            "generations": run.generations,
+            "start": 0,
+            "workers": workers,
+            "resumed": restore,
+            "base_heldout": None,
+            "adapter_parameters": None,
+            "setup_seconds": time.perf_counter() - started,
+        }
+    )
     ledger = ComputeLedger(count_parameters(model_path, run.model.revision, run.model.trust_remote_code))
     ledger.add_seconds("setup", time.perf_counter() - started)
     try:
@@ -348,13 +480,22 @@ def _members(run: RunConfig, context: TrialContext, service: Any, results: Any) 
             adapter = load_adapter_tensors(Path(directory) / "adapter")
         layout = layout_for(meta["hp"], context)
         heldout = ray.get(service.metrics.remote(adapter, layout, "heldout", bucket="evaluation"))
-        members.append({"member": meta["member"], "hp": meta["hp"], "selection_fitness": result.metrics["fitness"],
-                        "heldout": {**heldout, "fitness": fitness(heldout)}, "adapter": adapter, "layout": layout})
+        members.append(
+            {
+                "member": meta["member"],
+                "hp": meta["hp"],
+                "selection_fitness": result.metrics["fitness"],
+                "heldout": {**heldout, "fitness": fitness(heldout)},
+                "adapter": adapter,
+                "layout": layout,
+            }
+        )
     return members
 
 
-def _finish(run: RunConfig, folder: Path, context: TrialContext, service: Any, results: Any,
-            ledger: ComputeLedger) -> dict[str, Any]:
+def _finish(
+    run: RunConfig, folder: Path, context: TrialContext, service: Any, results: Any, ledger: ComputeLedger
+) -> dict[str, Any]:
     """Best member's adapter, every member's held-out fitness, the base comparison, the summary."""
     started = time.perf_counter()
     members = _members(run, context, service, results)
@@ -362,11 +503,18 @@ def _finish(run: RunConfig, folder: Path, context: TrialContext, service: Any, r
     save_adapter(folder / "adapters" / "best", best["adapter"], best["layout"])
     examples = build_task(run.task, run.seed).splits().heldout
     report = report_against_base(
-        lambda theta, layout, ops: ray.get(service.evaluate.remote(theta, layout, "heldout", with_base=True,
-                                                                   keep_texts=True, bucket="evaluation")),
-        best["adapter"], best["layout"], examples, task=run.task.name,
-                                 split="heldout", adapter_name="adapters/best", out_dir=folder / "eval",
-                                 stem="best_vs_base")
+        lambda theta, layout, ops: ray.get(
+            service.evaluate.remote(theta, layout, "heldout", with_base=True, keep_texts=True, bucket="evaluation")
+        ),
+        best["adapter"],
+        best["layout"],
+        examples,
+        task=run.task.name,
+        split="heldout",
+        adapter_name="adapters/best",
+        out_dir=folder / "eval",
+        stem="best_vs_base",
+    )
     fitness = parse_fitness(run.strategy.fitness)
     base = {**report["base_metrics"], "fitness": fitness(report["base_metrics"])}
     ledger.search.add(ray.get(service.spend.remote("search")))
@@ -375,12 +523,21 @@ def _finish(run: RunConfig, folder: Path, context: TrialContext, service: Any, r
     generations = generation_records(read_trials(folder), ledger.parameters, ray.get(service.spend.remote("search")))
     (folder / METRICS_FILE).write_text("".join(json.dumps(g) + "\n" for g in generations))
     ledger.add_seconds("evaluation", time.perf_counter() - started)
-    details = {"best_hyperparameters": best["hp"], "converged": converged([g["fitness_max"] for g in generations]),
-               "median_member_heldout_fitness": statistics.median(m["heldout"]["fitness"] for m in members),
-               "members": {m["member"]: m["heldout"]["fitness"] for m in members}}
+    details = {
+        "best_hyperparameters": best["hp"],
+        "converged": converged([g["fitness_max"] for g in generations]),
+        "median_member_heldout_fitness": statistics.median(m["heldout"]["fitness"] for m in members),
+        "members": {m["member"]: m["heldout"]["fitness"] for m in members},
+    }
     summary = write_run_summary(
-        folder, strategy="pbt", generations=run.generations, center=None,
+        folder,
+        strategy="pbt",
+        generations=run.generations,
+        center=None,
         outcome=Outcome(base, None, best["heldout"], None, best["member"], run.strategy.eval_split),
-        counts=report["counts"], adapters={"best": "adapters/best"},
-        compute=ledger.summary(sum(ledger.seconds.values())), details=details)
+        counts=report["counts"],
+        adapters={"best": "adapters/best"},
+        compute=ledger.summary(sum(ledger.seconds.values())),
+        details=details,
+    )
     return final_event(summary, folder)

@@ -35,9 +35,13 @@ def member_id(config: dict[str, Any], generation: int) -> str:
 
 
 def sample(space: PBTConfig, rng: random.Random) -> dict[str, Any]:
-    return {"rank": rng.choice(space.ranks), "alpha_multiplier": rng.choice(space.alpha_multipliers),
-            "learning_rate": rng.choice(space.learning_rates), "dropout": rng.choice(space.dropouts),
-            "target_modules": rng.choice(module_sets(space))}
+    return {
+        "rank": rng.choice(space.ranks),
+        "alpha_multiplier": rng.choice(space.alpha_multipliers),
+        "learning_rate": rng.choice(space.learning_rates),
+        "dropout": rng.choice(space.dropouts),
+        "target_modules": rng.choice(module_sets(space)),
+    }
 
 
 def _neighbour(values: list, current: Any, rng: random.Random) -> Any:
@@ -62,8 +66,12 @@ def explore(config: dict[str, Any], space: PBTConfig, rng: random.Random) -> tup
             operations[key] = f"x{factor}"
             continue
         else:
-            options = {"alpha_multiplier": space.alpha_multipliers, "learning_rate": space.learning_rates,
-                       "dropout": space.dropouts, "target_modules": module_sets(space)}[key]
+            options = {
+                "alpha_multiplier": space.alpha_multipliers,
+                "learning_rate": space.learning_rates,
+                "dropout": space.dropouts,
+                "target_modules": module_sets(space),
+            }[key]
             new[key] = rng.choice(options)
         operations[key] = "resample" if fresh or key != "rank" else "neighbour"
     return new, operations

@@ -46,7 +46,7 @@ def answer_content(response: str) -> str | None:
     if start == -1:
         return None
     end = response.find(ANSWER_CLOSE, start + len(ANSWER_OPEN))
-    return None if end == -1 else response[start + len(ANSWER_OPEN):end]
+    return None if end == -1 else response[start + len(ANSWER_OPEN) : end]
 
 
 def answer_score(response: str, numbers: list[int], target: int) -> float:

@@ -1,4 +1,4 @@
-"""Fuzzy answer matching as in seed 000: containment, 80% word overlap, numeric value,
+"""Fuzzy answer matching as in LoRALab: containment, 80% word overlap, numeric value,
 multiple-choice letter."""
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def _last_boxed_content(text: str) -> str | None:
     for brace in _BRACE.finditer(text, begin, begin + MAX_BOXED_CHARS + 1):
         depth += 1 if brace.group() == "{" else -1
         if depth == 0:
-            return text[begin:brace.start()]
+            return text[begin : brace.start()]
     return None
 
 
