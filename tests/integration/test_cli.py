@@ -305,6 +305,7 @@ def test_bad_ga_configs_fail_before_ray(tmp_path):
 def test_ga_quickstart_improves_heldout_reward():
     run_dir, stdout = cli_run("strategy=ga")
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    validate_summary(summary)
     assert summary["best"]["reward"] > summary["base"]["reward"] + 0.2, summary
     assert "final elite adapter" in stdout and (run_dir / "adapters" / "elite").is_dir()
 
