@@ -17,14 +17,13 @@ from evora.analysis.plots import (
     SWEEP_SUMMARY,
     is_pbt,
     read_jsonl,
-    read_trials,
     sweep_groups,
     write_plots,
     write_sweep_plot,
 )
 from evora.errors import ConfigError
 from evora.strategies import get_strategy
-from evora.tracking.metrics import read_metrics
+from evora.tracking.metrics import read_metrics, read_trials
 from evora.tracking.run_dir import CONFIG_FILE, LINEAGE_FILE
 from evora.tracking.summary import headline, read_summary
 
@@ -102,6 +101,21 @@ def _final_metrics(summary: dict[str, Any]) -> list[str]:
         "| base model | final | best |",
         "| --- | --- | --- |",
         f"| {_fmt(n['base'])} | {_fmt(n['final'])} | {_fmt(n['best'])} |",
+        "",
+        *_compute(summary),
+    ]
+
+
+def _compute(summary: dict[str, Any]) -> list[str]:
+    compute = summary.get("compute")
+    if not compute:
+        return []
+    search, evaluation = compute["search"], compute["evaluation"]
+    return [
+        f"Compute: {search['flops']:.3g} FLOPs searching ({search['tokens_generated']:,} tokens generated, "
+        f"{search['tokens_trained']:,} trained), {evaluation['flops']:.3g} evaluating; "
+        f"{compute['seconds']['total']:.0f} s wall-clock (2 x P x tokens per forward pass, 6 x P x tokens trained, "
+        f"P = {compute['parameters']:,} parameters).",
         "",
     ]
 

@@ -160,9 +160,9 @@ class Driver:
     def run(self) -> Iterator[dict[str, Any]]:
         start = time.perf_counter()
         self._setup()
+        self.ledger.add_seconds("setup", time.perf_counter() - start)  # every session's start-up, resumes too
         try:
             if self.base is None:
-                self.ledger.add_seconds("setup", time.perf_counter() - start)
                 self._initial_evaluation()
             yield {
                 "kind": "start",

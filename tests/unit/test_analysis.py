@@ -295,6 +295,7 @@ def test_write_plots_and_report_for_es(es_run: Path):
     assert all(p.read_bytes().startswith(PNG) and p.parent == es_run / "plots" for p in paths)
     text = report.write_report(es_run, paths).read_text()
     assert "adapters/best" in text and "| 0.5000 | 0.8500 | 0.9000 |" in text
+    assert "Compute: 1e+09 FLOPs searching (50 tokens generated, 0 trained)" in text
     assert "![reward](plots/reward.png)" in text
     assert "peaked at generation 3" in text and "`generate` takes" in text
     assert "3 improvements, 0 regressions, 1 both wrong" in text
