@@ -28,7 +28,7 @@ def final_lines(event: dict[str, Any]) -> list[str]:
     s, run_dir = event["summary"], event["run_dir"]
     base, best, final = s["base"], s["best"], s["final"]
     found = f" at generation {s['best_generation']}" if s["best_generation"] is not None else ""
-    found += f", member {s['best_member']}" if s["best_member"] else ""
+    found += f", best member {s['best_member']}" if s["best_member"] else ""
     final_text = f" -> final {s['center']} adapter {_fmt(final['reward'])}" if final else ""
     counts, flops = s["best_vs_base"], s["compute"]["search"]["flops"]
     lines = [
