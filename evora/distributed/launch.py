@@ -4,6 +4,7 @@ stream to the console."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import ray
@@ -51,6 +52,9 @@ def launch(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], No
             except DRIVER_LOST:
                 if restarts == run.hardware.driver_restarts:
                     raise
+                # One loss is one restart: wait until Ray has restarted the actor, or calls made
+                # while it restarts fail at once and would use up every restart for one loss.
+                _await_ready(driver)
                 restarts += 1
                 on_event({"kind": "driver-restart", "restarts": restarts})
     except ray.exceptions.RayTaskError as error:
@@ -63,6 +67,21 @@ def launch(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], No
 
 
 DRIVER_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+RESTART_TIMEOUT_S = 600.0
+
+
+def _await_ready(driver: Any) -> None:
+    """Returns once the (restarted) driver actor answers; raises if it died for good
+    (RayActorError) or did not come back within RESTART_TIMEOUT_S."""
+    deadline = time.monotonic() + RESTART_TIMEOUT_S
+    while True:
+        try:
+            ray.get(driver.__ray_ready__.remote(), timeout=max(deadline - time.monotonic(), 1.0))
+            return
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)  # refused while restarting: ask again shortly (a poll, bounded by the deadline)
 
 
 def _stream(driver: Any, on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:

@@ -48,7 +48,11 @@ def test_a_config_needs_a_name_field():
 
 @pytest.fixture
 def examples_on_path(monkeypatch):
+    """examples/ importable for one test; the registry forgets what the test registered."""
+    from evora.strategies import registry
+
     monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     yield
     sys.modules.pop("mypkg.strategies", None)
 
