@@ -55,6 +55,7 @@ class StrategyEntry:
 
 
 _REGISTRY: dict[str, StrategyEntry] = {}
+_ALIASES: dict[str, StrategyEntry] = {}  # import paths and entry-point names already resolved
 
 
 def register_strategy(
@@ -106,11 +107,13 @@ def get_strategy(name: str) -> StrategyEntry:
     """The entry for a registered name, an import path (module:attr) or an entry point."""
     if name in _REGISTRY:
         return _REGISTRY[name]
+    if name in _ALIASES:
+        return _ALIASES[name]
     entry = _import_path(name) if ":" in name else _from_entry_points(name)
     if entry is None:
         raise ConfigError(
             f"strategy={name}: unknown strategy; allowed: {', '.join(strategy_names())}, "
             "or strategy.name=<module>:<class>"
         )
-    _REGISTRY.setdefault(name, entry)
+    _ALIASES[name] = entry
     return entry
