@@ -517,10 +517,11 @@ def _finish(
     )
     fitness = parse_fitness(run.strategy.fitness)
     base = {**report["base_metrics"], "fitness": fitness(report["base_metrics"])}
-    ledger.search.add(ray.get(service.spend.remote("search")))
-    ledger.search.tokens_trained += sum(t.get("tokens_trained") or 0 for t in read_trials(folder))
+    trials, scoring = read_trials(folder), ray.get(service.spend.remote("search"))  # each read once
+    ledger.search.add(scoring)
+    ledger.search.tokens_trained += sum(t.get("tokens_trained") or 0 for t in trials)
     ledger.evaluation.add(ray.get(service.spend.remote("evaluation")))
-    generations = generation_records(read_trials(folder), ledger.parameters, ray.get(service.spend.remote("search")))
+    generations = generation_records(trials, ledger.parameters, scoring)
     (folder / METRICS_FILE).write_text("".join(json.dumps(g) + "\n" for g in generations))
     ledger.add_seconds("evaluation", time.perf_counter() - started)
     details = {
