@@ -13,8 +13,12 @@ one line before Ray starts.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-from typing import Any
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,11 +31,47 @@ from evora.strategies import get_strategy
 from evora.tracking.sweep import with_sweep_tracking
 
 EXIT_BAD_INPUT = 2
+EXIT_FAILURE = 1
+CLI_LOG = "cli.log"  # a run folder's tracebacks; on the console too with EVORA_DEBUG=1
 
 
-def _die(error: EvoraError) -> None:
+def _die(error: EvoraError) -> NoReturn:
     print(f"evora: error: {error}", file=sys.stderr)
-    raise SystemExit(EXIT_BAD_INPUT)
+    raise SystemExit(error.exit_code)
+
+
+def _fail(error: BaseException, run_dir: Path) -> NoReturn:
+    """One line on the console; the whole traceback in the run folder's cli.log."""
+    trace = "".join(traceback.format_exception(error))
+    with open(run_dir / CLI_LOG, "a") as log:
+        log.write(trace)
+    if os.environ.get("EVORA_DEBUG") == "1":
+        print(trace, file=sys.stderr, end="")
+    if isinstance(error, EvoraError):
+        _die(error)
+    cause = getattr(error, "cause", None)  # a Ray task error: the exception raised on the cluster
+    shown = cause if isinstance(cause, BaseException) else error
+    first = (str(shown).strip().splitlines() or [""])[0][:300]
+    print(f"evora: error: {type(shown).__name__}: {first} (traceback: {run_dir / CLI_LOG})", file=sys.stderr)
+    raise SystemExit(EXIT_FAILURE)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so the run stops the same way."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _interrupted(error: BaseException, run_dir: Path) -> NoReturn:
+    """The run stopped at once; its last checkpoint stays. Says how to go on."""
+    from evora.tracking.checkpoint import saved_generation
+
+    done = saved_generation(run_dir)
+    where = f"after generation {done}" if done is not None else "before its first checkpoint"
+    print(f"evora: interrupted {where}; resume: evora resume={run_dir}", file=sys.stderr)
+    raise SystemExit(128 + (signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT))
 
 
 def run_job(cfg: DictConfig) -> dict[str, Any]:
@@ -49,14 +89,17 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from evora.runs import run_lock
     from evora.tracking.progress import ConsoleProgress
 
-    run_dir = HydraConfig.get().runtime.output_dir
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    signal.signal(signal.SIGTERM, _raise_terminated)  # kept by init_ray over Ray's own handler
     try:
         # run.lock tells `evora runs` this folder is live (and keeps `runs clean` off it).
         extra = get_strategy(run.strategy.name).console_keys
         with run_lock(run_dir), ConsoleProgress(enabled=run.tracking.progress, extra=extra) as progress:
-            return launch(run, run_dir, progress.handle)
-    except EvoraError as error:
-        _die(error)
+            return launch(run, str(run_dir), progress.handle)
+    except (KeyboardInterrupt, Terminated) as error:
+        _interrupted(error, run_dir)
+    except Exception as error:
+        _fail(error, run_dir)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -163,7 +206,7 @@ def compare_main(argv: list[str]) -> None:
 
 
 def runs_main(argv: list[str]) -> None:
-    """`evora runs list [--dir D] | show <run> | clean --keep N [--yes] [--dir D]`."""
+    """`evora runs list [--dir D] | show <run> | clean [--keep N] [--yes] [--dir D] [--scratch /dev/shm]`."""
     import argparse
 
     from evora import runs
@@ -172,10 +215,11 @@ def runs_main(argv: list[str]) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list").add_argument("--dir", default="runs")
     commands.add_parser("show").add_argument("run")
-    clean = commands.add_parser("clean")
-    clean.add_argument("--keep", type=int, required=True)
+    clean = commands.add_parser("clean", help="delete old run folders, and scratch folders of dead runs")
+    clean.add_argument("--keep", type=int, default=None, help="keep the N newest finished runs (omit: delete none)")
     clean.add_argument("--yes", action="store_true")
     clean.add_argument("--dir", default="runs")
+    clean.add_argument("--scratch", default=runs.SCRATCH_ROOT, help="candidate adapters' folder (engine.adapter_dir)")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
@@ -183,8 +227,11 @@ def runs_main(argv: list[str]) -> None:
         elif args.command == "show":
             runs.show_run(args.run)
         else:
-            deleted = runs.clean_runs(args.dir, args.keep, args.yes)
-            print("\n".join(f"deleted {run}" for run in deleted))
+            if args.keep is not None:
+                deleted = runs.clean_runs(args.dir, args.keep, args.yes)
+                print("\n".join(f"deleted {run}" for run in deleted))
+            swept = runs.sweep_dead_scratch(args.scratch)
+            print(f"removed {swept} scratch folder(s) of runs no longer alive ({args.scratch}/evora-*)")
     except EvoraError as error:
         _die(error)
 

@@ -155,3 +155,18 @@ def clean_runs(
             shutil.rmtree(run)
             deleted.append(run)
     return deleted
+
+
+SCRATCH_ROOT = "/dev/shm"  # engine.adapter_dir's default
+
+
+def sweep_dead_scratch(root: str | Path = SCRATCH_ROOT) -> int:
+    """Remove candidate scratch folders (`evora-<run tag>-<worker pid>`) whose worker is gone:
+    what a run killed with -9, or a lost node, left on tmpfs. Returns how many."""
+    removed = 0
+    for folder in Path(root).glob("evora-*"):
+        pid = folder.name.rsplit("-", 1)[-1]
+        if folder.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed

@@ -54,7 +54,10 @@ class TaskConfig:
     prompt_field: str = "prompt"  # jsonl task
     answer_field: str = "answer"  # jsonl task
     fitness: str = "reward"  # per-candidate fitness from reward, accuracy, perplexity, tokens
-    reward_penalty: float = 0.0  # score of a completion whose reward function raised
+    reward_penalty: float = 0.0  # score of a completion whose user reward raised, hung or crashed
+    reward_timeout_s: float = 10.0  # deadline of one user reward call
+    reward_workers: int = 2  # reward processes per engine worker (user rewards)
+    reward_memory_mb: Optional[int] = 4096  # address-space limit of a reward process; null: none
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class HardwareConfig:
     driver_cpus: float = 0.0
     spread: bool = False  # place workers on as many nodes as possible (Ray's SPREAD)
     driver_restarts: int = 3  # a killed driver actor restarts from the last checkpoint this often
+    worker_replacements: int = 8  # lost engine workers replaced per run (then the pool goes on smaller)
     gpu_memory_utilization: float = 0.05
     kv_cache_gib: int = 1
     dashboard: bool = False

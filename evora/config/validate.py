@@ -5,7 +5,12 @@ Each failure is one line: `<key>=<value>: <rule>`, naming the allowed values.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
+import math
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +28,7 @@ WANDB_MODES = ("online", "offline", "disabled")
 def validate(run: RunConfig) -> None:
     """Raise ConfigError for the first rule `run` breaks."""
     for check in (
+        _check_finite,
         _check_run,
         _check_model,
         _check_lora,
@@ -33,6 +39,27 @@ def validate(run: RunConfig) -> None:
         _check_tracking,
     ):
         check(run)
+
+
+def _check_finite(run: RunConfig) -> None:
+    """Every float in the config, the strategy's too: an inf sigma or lr makes every candidate
+    NaN and a run that "succeeds" with the base model."""
+    for key, value in _floats(run, ""):
+        require(math.isfinite(value), key, value, "must be a finite number")
+
+
+def _floats(node: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(node):
+        for field in dataclasses.fields(node):
+            yield from _floats(getattr(node, field.name), f"{key}.{field.name}" if key else field.name)
+    elif isinstance(node, dict):
+        for name, value in node.items():
+            yield from _floats(value, f"{key}.{name}")
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            yield from _floats(value, key)
+    elif isinstance(node, float):
+        yield key, node
 
 
 def _check_run(run: RunConfig) -> None:
@@ -127,6 +154,10 @@ def _check_task(run: RunConfig) -> None:
     )
     choice("task.prompt_format", task.prompt_format, FORMATS)
     choice("task.scorer", task.scorer, tuple(SCORERS))
+    require(task.reward_timeout_s > 0, "task.reward_timeout_s", task.reward_timeout_s, "must be > 0 (seconds)")
+    require(task.reward_workers >= 1, "task.reward_workers", task.reward_workers, "must be >= 1")
+    if task.reward_memory_mb is not None:
+        require(task.reward_memory_mb >= 64, "task.reward_memory_mb", task.reward_memory_mb, "must be >= 64, or null")
     parse_fitness(task.fitness)
     if task.reward is not None:
         require(callable(load_object(task.reward, "task.reward")), "task.reward", task.reward, "must be a function")
@@ -169,6 +200,20 @@ def _check_engine(run: RunConfig) -> None:
     require(engine.max_loras >= 1, "engine.max_loras", engine.max_loras, "must be >= 1")
     require(engine.max_num_seqs >= 1, "engine.max_num_seqs", engine.max_num_seqs, "must be >= 1")
     require(Path(engine.adapter_dir).is_dir(), "engine.adapter_dir", engine.adapter_dir, "directory not found")
+    if engine.name == "vllm":
+        require(
+            module_available("vllm"),
+            "engine",
+            engine.name,
+            'vLLM is not installed here; pip install "evora[gpu]" (or "evora[cpu]" without a GPU), or use engine=hf',
+        )
+
+
+def module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken or blocked installation counts as absent
+        return False
 
 
 def _check_hardware(run: RunConfig) -> None:
@@ -196,6 +241,7 @@ def _check_hardware(run: RunConfig) -> None:
         "null (one per GPU) needs hardware.gpus_per_worker=1",
     )
     require(hw.driver_restarts >= 0, "hardware.driver_restarts", hw.driver_restarts, "must be >= 0")
+    require(hw.worker_replacements >= 0, "hardware.worker_replacements", hw.worker_replacements, "must be >= 0")
     require(hw.cpus_per_worker >= 0, "hardware.cpus_per_worker", hw.cpus_per_worker, "must be >= 0")
     require(
         hw.cpu_threads_per_worker >= 1, "hardware.cpu_threads_per_worker", hw.cpu_threads_per_worker, "must be >= 1"
@@ -210,8 +256,26 @@ def _check_hardware(run: RunConfig) -> None:
     require(hw.kv_cache_gib >= 0, "hardware.kv_cache_gib", hw.kv_cache_gib, "must be >= 0")
 
 
+MIN_FREE_MIB = 64  # room for a run folder's config, metrics and first checkpoints
+
+
+def check_writable(key: str, folder: str) -> None:
+    """A folder (or the nearest existing parent it would be made in) takes files, and has room."""
+    existing = Path(folder).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    require(existing.is_dir(), key, folder, f"{existing} is not a directory")
+    try:
+        Path(tempfile.mkdtemp(prefix=".evora-probe-", dir=existing)).rmdir()
+    except OSError as error:
+        raise fail(key, folder, f"cannot write in {existing} ({error.strerror or error})") from None
+    free = shutil.disk_usage(existing).free / 2**20
+    require(free >= MIN_FREE_MIB, key, folder, f"only {free:.0f} MiB free in {existing}")
+
+
 def _check_tracking(run: RunConfig) -> None:
     tracking = run.tracking
+    check_writable("resume" if run.resume else "tracking.out_dir", run.resume or tracking.out_dir)
     choice("tracking.name", tracking.name, TRACKERS)
     choice("tracking.wandb_mode", tracking.wandb_mode, WANDB_MODES)
     require(

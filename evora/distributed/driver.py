@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import ray
+import torch
 
 from evora.analysis.live import RewardPlotSink
 from evora.analysis.plots import write_plots
@@ -27,10 +28,11 @@ from evora.distributed.finish import Outcome, final_event, report_against_base, 
 from evora.distributed.pool import WorkerPool
 from evora.distributed.worker import UnitResult, WorkUnit, worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
+from evora.errors import RunError
 from evora.lora.layout import build_layout, linear_shapes_of_model
 from evora.lora.noise import noise_key
 from evora.lora.peft_io import save_adapter
-from evora.models import locate_model
+from evora.models import hub_access, locate_model
 from evora.models.parameters import count_parameters
 from evora.strategies import get_strategy
 from evora.strategies.protocol import BASE, CENTER, GenerationResults, StrategyContext, state_fields
@@ -71,6 +73,36 @@ def finite_fitness(fitness: np.ndarray) -> tuple[np.ndarray, int]:
     return fitness, int(bad.sum())
 
 
+def knobs(strategy_cfg: Any) -> str:
+    """The strategy's float settings: what to look at when its numbers blow up."""
+    values = [
+        f"strategy.{f.name}={getattr(strategy_cfg, f.name):g}"
+        for f in fields(strategy_cfg)
+        if isinstance(getattr(strategy_cfg, f.name), float)
+    ]
+    return ", ".join(values) or "the strategy's settings"
+
+
+# Both checks stop a generation before it is checkpointed: the last checkpoint stays the good one.
+
+
+def check_some_fitness(generation: int, invalid: int, population: int, strategy_cfg: Any) -> None:
+    if invalid == population:
+        raise RunError(
+            f"generation {generation}: no candidate has a finite fitness; look at {knobs(strategy_cfg)} "
+            "and task.fitness"
+        )
+
+
+def check_finite_center(generation: int, center: dict[str, Any], strategy_cfg: Any) -> None:
+    broken = [name for name, tensor in center.items() if not bool(torch.isfinite(tensor).all())]
+    if broken:
+        raise RunError(
+            f"generation {generation}: the update made {len(broken)} adapter tensor(s) non-finite "
+            f"(e.g. {broken[0]}); look at {knobs(strategy_cfg)}"
+        )
+
+
 def timing_sums(results: list[UnitResult]) -> dict[str, float]:
     keys = ("materialise", "generate", "reward", "perplexity")
     return {f"seconds_{k}": float(sum(r.timings[k] for r in results)) for k in keys}
@@ -89,10 +121,12 @@ class Driver:
     def _setup(self) -> None:
         run = self.run_cfg
         self.location = locate_model(run.model.path)
-        self.layout = build_layout(
-            linear_shapes_of_model(
+        with hub_access(run.model.path):  # a hub model's config is first fetched here
+            shapes = linear_shapes_of_model(
                 self.location.path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
-            ),
+            )
+        self.layout = build_layout(
+            shapes,
             rank=run.lora.rank,
             alpha=run.lora.alpha,
             target_modules=run.lora.target_modules,
@@ -202,9 +236,12 @@ class Driver:
             for c in chunks(specs, self.run_cfg.engine.max_loras)
         ]
         results = self.pool.run(ray.put(payload), units)
+        changes = self.pool.take_events()
         evaluated = time.perf_counter()
         generation_results, invalid = self._results(generation, prompts, results, len(specs))
+        check_some_fitness(generation + 1, invalid, len(specs), self.run_cfg.strategy)
         told = self.strategy.tell(self.state, specs, generation_results)
+        check_finite_center(generation + 1, self.strategy.center(told.state), self.run_cfg.strategy)
         self.state = told.state
         for member in told.lineage:
             self.lineage.log(member)
@@ -228,17 +265,21 @@ class Driver:
             tokens=int(generation_results.tokens.sum()),
             tokens_per_second=generation_results.tokens.sum() / max(evaluated - started, 1e-9),
             reward_errors=sum(r.reward_errors for r in results),
+            reward_timeouts=sum(r.reward_timeouts for r in results),
             seconds=finished - started,
             seconds_evaluate=evaluated - started,
             seconds_update=updated - evaluated,
             seconds_heldout=finished - updated,
             **timing_sums(results),
             worker_rss_mb={str(r.worker): r.rss_mb for r in results},
+            workers=len(self.pool),
+            workers_lost=sum(c["event"] == "worker-lost" for c in changes),
+            workers_replaced=sum(c["event"] == "worker-replaced" for c in changes),
         )
         self._account(record, spend_of(results), eval_spend, updated - started, finished - updated)
         self._log(record)
         self._checkpoint(done)
-        return {"kind": "generation", **record, "generations": self.run_cfg.generations}
+        return {"kind": "generation", **record, "generations": self.run_cfg.generations, "pool_events": changes}
 
     def _results(
         self, generation: int, prompts: tuple[int, ...], results: list[UnitResult], population: int

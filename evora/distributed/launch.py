@@ -61,13 +61,36 @@ def launch(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], No
         if isinstance(error.cause, EvoraError):  # bad input found on the cluster (e.g. a hub model's layout)
             raise error.cause from None
         raise
+    except BaseException:  # Ctrl-C or SIGTERM: the generation under way is abandoned, its checkpoint stays
+        _stop_now(driver, run_tag(run_dir))
+        raise
     finally:
         ray.kill(driver, no_restart=True)
         sweep_run_scratch(run.engine.adapter_dir, run_tag(run_dir))
 
 
+def _stop_now(driver: Any, tag: str) -> None:
+    """Kill the driver and its engine workers, and return once they are gone (so no worker
+    writes a scratch folder after the sweep)."""
+    actors = [driver]
+    for name in ray.util.list_named_actors():
+        if name.startswith(f"evora-worker-{tag}-"):
+            try:
+                actors.append(ray.get_actor(name))
+            except ValueError:  # gone already
+                pass
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    for actor in actors:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=STOP_TIMEOUT_S)
+        except (*DRIVER_LOST, ray.exceptions.GetTimeoutError):
+            pass  # dead, as asked (or unreachable: the cluster reaps it)
+
+
 DRIVER_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 RESTART_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 30.0
 
 
 def _await_ready(driver: Any) -> None:

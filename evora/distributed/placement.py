@@ -18,6 +18,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from evora.config.schema import HardwareConfig
+from evora.errors import ConfigError
 
 PLACEMENT_TIMEOUT_S = 120.0
 
@@ -28,27 +29,40 @@ def engine_gpus(hw: HardwareConfig) -> int:
 
 
 def worker_count(hw: HardwareConfig) -> int:
+    _check_gpus(hw)
     if hw.num_workers is not None:
         return hw.num_workers
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus < max(engine_gpus(hw), 1):
-        raise RuntimeError(
+        raise ConfigError(
             f"hardware.num_workers=null needs GPUs, but the Ray cluster has {gpus}; "
             "set hardware.num_workers or use hardware=cpu"
         )
     return gpus // engine_gpus(hw)
 
 
+def _check_gpus(hw: HardwareConfig) -> None:
+    if engine_gpus(hw) > 0 and ray.cluster_resources().get("GPU", 0) == 0:
+        raise ConfigError(
+            f"hardware.gpus_per_worker={hw.gpus_per_worker}: the Ray cluster has no GPUs; "
+            "use hardware=cpu (engines on CPU cores)"
+        )
+
+
 def check_capacity(hw: HardwareConfig, workers: int) -> None:
     """Fail at once, not hang, when the cluster cannot place every worker."""
+    _check_gpus(hw)
     have = ray.cluster_resources()
-    for resource, each, extra in (("CPU", hw.cpus_per_worker, hw.driver_cpus), ("GPU", engine_gpus(hw), 0)):
+    for resource, each, extra, key in (
+        ("CPU", hw.cpus_per_worker, hw.driver_cpus, "hardware.cpus_per_worker"),
+        ("GPU", engine_gpus(hw), 0, "hardware.tensor_parallel_size"),
+    ):
         need = workers * each + extra
         if need > have.get(resource, 0) + 1e-9:
-            raise RuntimeError(
-                f"hardware: {workers} worker(s) x {each} {resource} (+ {extra} for the driver) need "
-                f"{need:g} {resource}s but the Ray cluster has {have.get(resource, 0):g}; lower "
-                "hardware.num_workers or hardware.cpus_per_worker"
+            raise ConfigError(
+                f"hardware.num_workers={workers}: {workers} worker(s) x {each:g} {resource} (+ {extra:g} for the "
+                f"driver) need {need:g} {resource}s but the Ray cluster has {have.get(resource, 0):g}; lower "
+                f"hardware.num_workers or {key}"
             )
 
 
@@ -71,7 +85,7 @@ def _largest_node_gpus() -> float:
 
 def _tensor_parallel_group(hw: HardwareConfig, name: str) -> PlacementGroup:
     if _largest_node_gpus() < hw.tensor_parallel_size:
-        raise RuntimeError(
+        raise ConfigError(
             f"hardware.tensor_parallel_size={hw.tensor_parallel_size}: no node of the Ray cluster has "
             f"that many GPUs (the most on one node: {_largest_node_gpus():g}); an engine's shards "
             "share one node (STRICT_PACK)"
@@ -81,7 +95,7 @@ def _tensor_parallel_group(hw: HardwareConfig, name: str) -> PlacementGroup:
     ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:
         remove_placement_group(group)
-        raise RuntimeError(
+        raise ConfigError(
             f"hardware.tensor_parallel_size={hw.tensor_parallel_size}: no node has "
             f"{hw.tensor_parallel_size} free GPUs for one engine within {PLACEMENT_TIMEOUT_S:g}s "
             "(STRICT_PACK); lower it or hardware.num_workers"
@@ -100,7 +114,7 @@ def place_workers(hw: HardwareConfig, count: int, name_prefix: str | None = None
         if hw.gpus_per_worker > 0 and hw.tensor_parallel_size > 1:
             try:
                 group = _tensor_parallel_group(hw, f"{name_prefix or 'evora-engine'}-{index}")
-            except RuntimeError:
+            except ConfigError:
                 placement.release()
                 raise
             placement.groups.append(group)

@@ -3,7 +3,9 @@
 Units go to whichever worker is free next. Which worker runs a unit never changes its
 result: a unit is always the same candidates and prompts in one `generate` call, and
 units have a fixed size (engine.max_loras), so 1 or N workers give the same numbers.
-A unit whose worker dies is run again on another worker.
+A unit whose worker dies is run again on another worker, and the lost worker is replaced
+by a new actor (on whichever node has room) up to `hardware.worker_replacements` times,
+so a long run on preemptible nodes keeps its capacity.
 """
 
 from __future__ import annotations
@@ -23,11 +25,22 @@ WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError, ObjectL
 
 
 class WorkerPool:
-    def __init__(self, actors: list[Any], infos: list[dict[str, Any]], placement: Placement | None = None):
+    def __init__(
+        self,
+        actors: list[Any],
+        infos: list[dict[str, Any]],
+        placement: Placement | None = None,
+        spec: WorkerSpec | None = None,
+        replacements: int = 0,
+    ):
         self.actors = actors
         self.infos = infos
         self.alive = set(range(len(actors)))
         self.placement = placement
+        self.spec = spec
+        self.replacements_left = replacements if spec is not None and placement is not None else 0
+        self.starting: dict[Any, int] = {}  # a replacement's info() ref -> its worker index
+        self.events: list[dict[str, Any]] = []  # workers lost and replaced, taken by `take_events`
 
     @classmethod
     def start(cls, spec: WorkerSpec, hardware: HardwareConfig, name_prefix: str | None = None) -> "WorkerPool":
@@ -36,10 +49,14 @@ class WorkerPool:
         remote_worker = ray.remote(EngineWorker)
         actors = [remote_worker.options(**options).remote(spec, i) for i, options in enumerate(placement.options)]
         infos = ray.get([a.info.remote() for a in actors])
-        return cls(actors, infos, placement)
+        return cls(actors, infos, placement, spec, hardware.worker_replacements)
 
     def __len__(self) -> int:
         return len(self.alive)
+
+    def take_events(self) -> list[dict[str, Any]]:
+        events, self.events = self.events, []
+        return events
 
     def run(self, payload: Any, units: list[WorkUnit], max_attempts: int = 3) -> list[UnitResult]:
         """Results in unit order. `payload` should be an ObjectRef: put once, read by all."""
@@ -52,19 +69,52 @@ class WorkerPool:
                 unit, attempt = pending.popleft()
                 worker = idle.popleft()
                 in_flight[self.actors[worker].evaluate.remote(payload, units[unit])] = (unit, attempt, worker)
-            if not in_flight:
-                raise RuntimeError("every engine worker has died")
-            [done], _ = ray.wait(list(in_flight), num_returns=1)
+            if not in_flight and not self.starting:
+                raise RuntimeError("every engine worker has died (hardware.worker_replacements used up)")
+            [done], _ = ray.wait([*in_flight, *self.starting], num_returns=1)
+            if done in self.starting:
+                idle.extend(self._joined(done))
+                continue
             unit, attempt, worker = in_flight.pop(done)
             try:
                 results[unit] = ray.get(done)
                 idle.append(worker)
             except WORKER_FAILURES:
-                self.alive.discard(worker)
+                self._lost(worker)
                 if attempt + 1 >= max_attempts:
                     raise
                 pending.append((unit, attempt + 1))
         return results  # type: ignore[return-value]
+
+    def _lost(self, worker: int) -> None:
+        """Drop a dead worker, and start a replacement with the same resources."""
+        self.alive.discard(worker)
+        self.events.append({"event": "worker-lost", "worker": worker})
+        if self.replacements_left == 0:
+            return
+        self.replacements_left -= 1
+        assert self.placement is not None and self.spec is not None
+        index = len(self.actors)
+        options = dict(self.placement.options[worker])
+        if "name" in options:
+            options["name"] = f"{options['name'].rsplit('-', 1)[0]}-{index}"
+        self.placement.options.append(options)
+        actor = ray.remote(EngineWorker).options(**options).remote(self.spec, index)
+        self.actors.append(actor)
+        self.infos.append({})
+        self.starting[actor.info.remote()] = index
+
+    def _joined(self, ready: Any) -> list[int]:
+        """A replacement that started joins the pool; one that died on the way is lost too."""
+        index = self.starting.pop(ready)
+        try:
+            self.infos[index] = ray.get(ready)
+        except WORKER_FAILURES:
+            self._lost(index)
+            return []
+        self.alive.add(index)
+        self.events.append({"event": "worker-replaced", "worker": index, "node": self.infos[index]["node"]})
+        return [index]
 
     def shutdown(self) -> None:
         for i in sorted(self.alive):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from typing import Any
 
 import ray
@@ -17,6 +19,16 @@ NAMESPACE = "evora"  # named actors (evora-driver-<tag>, evora-worker-<tag>-<i>)
 def init_ray(run: RunConfig) -> None:
     if ray.is_initialized():
         return  # a multirun's later jobs share the session
+    in_main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
+    _start_ray(run)
+    if callable(sigterm):
+        # ray.init replaces SIGTERM's handler with its own (exit 1, or a native stack dump); the
+        # caller's stays in charge (the CLI's stops the run cleanly and says how to resume).
+        signal.signal(signal.SIGTERM, sigterm)
+
+
+def _start_ray(run: RunConfig) -> None:
     hw = run.hardware
     options: dict[str, Any] = {
         "log_to_driver": run.tracking.worker_logs,

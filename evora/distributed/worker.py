@@ -27,9 +27,9 @@ from evora.lora.layout import AdapterLayout
 from evora.strategies import get_strategy
 from evora.strategies.protocol import materialise
 from evora.tasks import build_task
-from evora.tasks.base import score_completions
 from evora.tasks.fitness import perplexity
 from evora.tasks.prompts import PromptRenderer
+from evora.tasks.reward_pool import reward_scorer
 
 ADAPTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -68,6 +68,7 @@ class UnitResult:
     correct: np.ndarray  # bool
     tokens: np.ndarray
     reward_errors: int
+    reward_timeouts: int
     timings: dict[str, float]
     worker: int
     rss_mb: float
@@ -151,10 +152,10 @@ class EngineWorker:
         self.index = index
         self.layout = spec.layout
         self.max_tokens = spec.task.max_tokens
-        self.penalty = spec.task.reward_penalty
         torch.set_num_threads(spec.engine.cpu_threads)
         self.task = build_task(spec.task, spec.seed)
         self.splits = self.task.splits()
+        self.rewards = reward_scorer(self.task, spec.task, spec.seed)
         self.renderer = PromptRenderer(
             load_tokenizer(spec.engine), spec.task.prompt_format, self.task.plain_template, spec.task.system_prompt
         )
@@ -198,7 +199,7 @@ class EngineWorker:
         generated = time.perf_counter()
         n = len(prompts)
         rows = [completions[i * n : (i + 1) * n] for i in range(len(refs))]
-        scores = [score_completions(self.task, [c.text for c in row], examples, self.penalty) for row in rows]
+        scores = self.rewards.score([c.text for c in completions], examples * len(refs))  # all rows at once
         scored = time.perf_counter()
         ppl, tokens_scored = None, 0
         if unit.perplexity:
@@ -211,10 +212,11 @@ class EngineWorker:
         self.scratch.remove(loaded)
         return UnitResult(
             indices=[s.index for s in unit.specs],
-            rewards=np.array([s.rewards for s in scores], dtype=np.float64),
-            correct=np.array([s.correct for s in scores], dtype=bool),
+            rewards=np.array(scores.rewards, dtype=np.float64).reshape(len(refs), n),
+            correct=np.array(scores.correct, dtype=bool).reshape(len(refs), n),
             tokens=np.array([[c.num_tokens for c in row] for row in rows], dtype=np.int64),
-            reward_errors=sum(s.errors for s in scores),
+            reward_errors=scores.errors,
+            reward_timeouts=scores.timeouts,
             timings={
                 "materialise": materialised - start,
                 "generate": generated - materialised,
@@ -230,5 +232,6 @@ class EngineWorker:
         )
 
     def shutdown(self) -> None:
+        self.rewards.close()
         self.scratch.cleanup()
         self.engine.shutdown()

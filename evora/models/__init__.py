@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
-from evora.errors import ConfigError
+from evora.errors import ConfigError, RunError
 
 BUNDLED_DIR = Path(__file__).resolve().parent
 BUNDLED_PREFIX = "evora:"
@@ -41,3 +43,24 @@ def locate_model(spec: str, key: str = "model.path") -> ModelLocation:
     if spec.startswith(("/", ".", "~")) or not _HUB_ID.match(spec):
         raise ConfigError(f'{key}="{spec}": directory not found, and not a hub id like Qwen/Qwen2.5-0.5B-Instruct')
     return ModelLocation(spec, False)
+
+
+@contextmanager
+def hub_access(spec: str, key: str = "model.path") -> Iterator[None]:
+    """A model or tokenizer that cannot be fetched from the hub: one line naming `key`.
+    No such repository or revision is bad input; a hub out of reach is a runtime failure."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        yield
+    except OSError as error:
+        causes, cause = [], error
+        while cause is not None:
+            causes.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        if any(isinstance(c, (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError)) for c in causes):
+            raise ConfigError(f'{key}="{spec}": no such model on the hub, or no access to it') from None
+        raise RunError(
+            f'{key}="{spec}": cannot reach the Hugging Face hub and the model is not in the local cache; '
+            "set model.path to a local model directory, or download it once and set HF_HUB_OFFLINE=1"
+        ) from None

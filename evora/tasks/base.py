@@ -1,8 +1,8 @@
 """The task protocol: examples, deterministic splits, a pure reward and correctness.
 
 Rewards are pure functions of (completion, example) built from `tasks/rewards/`; they
-never execute model output. The worker scores completions with `score_completions`,
-where a reward that raises scores the configured penalty and is counted, not fatal.
+never execute model output. The worker scores completions through `reward_pool`: a reward
+that raises, hangs or crashes scores the configured penalty and is counted, not fatal.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
@@ -118,6 +118,11 @@ class CustomReward:
         return self.reward(completion, example) >= self.reward_range[1]
 
 
+def is_user_reward(cfg: TaskConfig) -> bool:
+    """A reward from a user's code (task.reward, or a task class by import path): run isolated."""
+    return cfg.reward is not None or ":" in cfg.name
+
+
 def build_task(cfg: TaskConfig, seed: int) -> Task:
     task = task_class(cfg.name)(cfg, seed)
     if cfg.reward is not None:
@@ -136,23 +141,3 @@ def split_examples(examples: list[Example], cfg: TaskConfig, seed: int, salt: st
     selection = shuffled[cfg.eval_size : cfg.eval_size + cfg.selection_size]
     train = shuffled[cfg.eval_size + cfg.selection_size :][: cfg.train_size]
     return Splits(tuple(train), tuple(selection), tuple(heldout))
-
-
-@dataclass(frozen=True)
-class Scores:
-    rewards: list[float]
-    correct: list[bool]
-    errors: int  # reward calls that raised and scored the penalty
-
-
-def score_completions(task: Task, completions: Sequence[str], examples: Sequence[Example], penalty: float) -> Scores:
-    rewards, correct, errors = [], [], 0
-    for completion, example in zip(completions, examples):
-        try:
-            rewards.append(float(task.reward(completion, example)))
-            correct.append(bool(task.correct(completion, example)))
-        except Exception:  # a reward bug must not kill a generation; it is counted
-            rewards.append(penalty)
-            correct.append(False)
-            errors += 1
-    return Scores(rewards, correct, errors)

@@ -4,24 +4,35 @@ never a torn file."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from evora.errors import ConfigError, RunError
+
 LATEST = "latest.pt"
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """A write that fails (disk full, read-only folder) leaves the previous file as it was and
+    stops the run with one line naming the folder."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:  # torch.save reports a failed write as a RuntimeError
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
+        raise RunError(f"cannot write {path.name} in {path.parent} ({reason}); the previous one is kept") from None
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(folder)
@@ -57,8 +68,6 @@ def run_state(strategy: str, state: Any, state_fields: dict[str, Any], loop: dic
 
 def load_run_state(path: Path, strategy: str, state_type: type) -> dict[str, Any]:
     """A checkpoint written by this evora for this strategy; one-line ConfigError otherwise."""
-    from evora.errors import ConfigError
-
     try:
         saved = load(path)
     except Exception as error:  # torch raises many types for files that are not its own
@@ -74,3 +83,14 @@ def load_run_state(path: Path, strategy: str, state_type: type) -> dict[str, Any
             "start a new run"
         )
     return saved
+
+
+def saved_generation(run_dir: str | os.PathLike) -> int | None:
+    """The generation the run's latest checkpoint was saved after; None without one."""
+    path = latest_path(run_dir)
+    if not path.is_file():
+        return None
+    try:
+        return int(load(path)["loop"]["next_generation"])
+    except Exception:  # not an evora run checkpoint (e.g. PBT keeps Tune's): no generation to name
+        return None

@@ -23,6 +23,13 @@ def generation_line(s: dict[str, Any], extra: tuple[tuple[str, str], ...] = ()) 
     )
 
 
+def pool_line(change: dict[str, Any]) -> str:
+    """A worker lost or replaced (the pool's events; units are rerun, results do not change)."""
+    if change["event"] == "worker-lost":
+        return f"engine worker {change['worker']} lost; its work is rerun on the others"
+    return f"engine worker {change['worker']} started as a replacement (node {change['node'][:12]})"
+
+
 def final_lines(event: dict[str, Any]) -> list[str]:
     """The run's end, from its summary (the one schema every strategy writes)."""
     s, run_dir = event["summary"], event["run_dir"]
@@ -83,6 +90,8 @@ class ConsoleProgress:
         if kind == "start":
             self._start(event)
         elif kind == "generation":
+            for change in event.get("pool_events", ()):
+                self.console.print(pool_line(change))
             self.console.print(generation_line(event, self.extra))
             self.progress.update(self.task, completed=event["generation"])
         elif kind == "final":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ from conftest import ROOT, SMALL, cli_run, evora_cmd, only_run_dir, run_evora
 from evora.config.compose import compose_run
 from evora.distributed.launch import NAMESPACE, driver_name
 from evora.distributed.placement import place_workers, worker_count
+from evora.errors import ConfigError
 from evora.tracking.metrics import read_metrics
 from evora.tracking.run_dir import run_tag
 
@@ -125,7 +127,7 @@ def test_tensor_parallel_engines_get_a_strict_pack_group_of_gpus(cluster):
 
 def test_tensor_parallel_wider_than_any_node_fails_at_once(cluster):
     hw = compose_run(["hardware=gpu", "hardware.num_workers=1", "hardware.tensor_parallel_size=3"]).hardware
-    with pytest.raises(RuntimeError, match=r"hardware.tensor_parallel_size=3: no node of the Ray cluster has"):
+    with pytest.raises(ConfigError, match=r"hardware.tensor_parallel_size=3: no node of the Ray cluster has"):
         place_workers(hw, 1)
 
 
@@ -134,10 +136,10 @@ def test_tensor_parallel_wider_than_any_node_fails_at_once(cluster):
 FAULT_RUN = (*SMALL, "generations=2", "engine=hf")  # the reference: hardware.num_workers=1, no faults
 
 
-def start_on(cluster: Cluster) -> tuple[Path, subprocess.Popen]:
+def start_on(cluster: Cluster, run: tuple[str, ...] = FAULT_RUN) -> tuple[Path, subprocess.Popen]:
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
     args = [
-        *FAULT_RUN,
+        *run,
         "hardware=multinode_cpu",
         f"hardware.address={cluster.address}",
         f"tracking.out_dir={out}",
@@ -216,6 +218,30 @@ def test_killed_worker_and_removed_node_do_not_change_the_result(cluster):
     cluster.remove_node(node, allow_graceful=False)
     finish(process)
     assert_same_result(run_dir, reference)
+
+
+CHAOS_RUN = (*SMALL, "generations=10", "engine=hf")  # the reference: hardware.num_workers=1, no faults
+
+
+def test_chaos_random_workers_killed_at_seeded_moments_are_replaced_and_change_nothing(cluster):
+    """Three kills over a 10-generation run with 3 workers: after each, a fresh worker brings
+    the pool back to 3 before the next; the final adapter is bitwise the fault-free run's."""
+    reference, _ = cli_run(*CHAOS_RUN, "hardware.num_workers=1")
+    chaos = random.Random(11)
+    moments = sorted(chaos.sample(range(0, 5), 3))  # kill once this generation is logged (5+ to go)
+    out, process = start_on(cluster, CHAOS_RUN)
+    for moment in moments:
+        run_dir = wait_for(process, lambda: logged(out, moment), f"generation {moment}")
+        victim = chaos.choice(sorted(a.name for a in live_workers(run_dir)))
+        ray.kill(ray.get_actor(victim))
+        wait_for(process, lambda: victim not in {a.name for a in live_workers(run_dir)}, f"{victim} to die")
+        wait_for(process, lambda: len(live_workers(run_dir)) == 3, "the pool back to 3 workers")
+    stdout = finish(process)
+    assert_same_result(run_dir, reference)
+    records = [r for r in read_metrics(run_dir) if r["generation"] > 0]
+    assert sum(r["workers_lost"] for r in records) == 3 and sum(r["workers_replaced"] for r in records) == 3
+    assert records[-1]["workers"] == 3
+    assert stdout.count("started as a replacement") == 3 and stdout.count("lost; its work is rerun") == 3
 
 
 # --- Hydra multirun -------------------------------------------------------------------------

@@ -17,7 +17,9 @@ from evora.tasks.rewards.scorers import SCORERS
 MB = 1_000_000
 PWNED = "/tmp/pwned"
 ANSWERS = ["42", "B", "hello world", r"(a+)+$"]
-MAX_SECONDS = 0.050
+# Super-linear scoring (regex backtracking) takes seconds to hours on 1 MB; the linear work takes
+# ~10-40 ms. 0.25 s tells them apart even when parallel tests load the machine.
+MAX_SECONDS = 0.25
 REPEATS = 3
 EXECUTION_EVENTS = frozenset(
     {

@@ -1,4 +1,5 @@
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -133,3 +134,31 @@ def test_a_file_that_is_not_a_checkpoint_fails_in_one_line(tmp_path):
     (tmp_path / "latest.pt").write_text("not a checkpoint")
     with pytest.raises(ConfigError, match="not an evora checkpoint"):
         load_run_state(tmp_path / "latest.pt", "es", ESState)
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_one_and_names_the_folder(tmp_path):
+    from evora.errors import RunError
+
+    path = tmp_path / "checkpoints" / "latest.pt"
+    atomic_save({"generation": 1}, path)
+    # The temporary file is a link to /dev/full: every write fails with ENOSPC, as on a full disk.
+    (path.parent / f".latest.pt.tmp-{os.getpid()}").symlink_to("/dev/full")
+    with pytest.raises(RunError) as error:
+        atomic_save({"generation": 2, "weights": torch.zeros(1 << 16)}, path)
+    assert str(error.value) == (
+        f"cannot write latest.pt in {path.parent} (No space left on device); the previous one is kept"
+    )
+    assert load(path) == {"generation": 1}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["latest.pt"]
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    with pytest.raises(RunError, match=f"cannot write latest.pt in {blocked}"):
+        atomic_save({"generation": 1}, blocked / "latest.pt")
+
+
+def test_saved_generation_reads_the_latest_checkpoint(tmp_path):
+    from evora.tracking.checkpoint import latest_path, saved_generation
+
+    assert saved_generation(tmp_path) is None
+    atomic_save({"loop": {"next_generation": 7}}, latest_path(tmp_path))
+    assert saved_generation(tmp_path) == 7

@@ -118,3 +118,14 @@ def test_errors_are_one_line_exit_2(tmp_path: Path, capsys):
             main(argv)
         assert exit_.value.code == 2
         assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_clean_removes_scratch_folders_of_dead_workers_only(tmp_path: Path, capsys):
+    dead = tmp_path / f"evora-2026-01-01_10-00-00_quickstart-{_dead_pid()}"
+    live = tmp_path / f"evora-2026-01-01_10-00-00_quickstart-{os.getpid()}"
+    other = tmp_path / "someone-elses-42"
+    for folder in (dead, live, other):
+        (folder / "1").mkdir(parents=True)
+    main(["runs", "clean", "--scratch", str(tmp_path), "--dir", str(tmp_path / "no-runs")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
+    assert f"removed 1 scratch folder(s) of runs no longer alive ({tmp_path}/evora-*)" in capsys.readouterr().out

@@ -1,0 +1,151 @@
+"""Soak: a long quickstart run, watched for leaks (not a test; docs/architecture.md, "Benchmarks").
+
+    python bench/soak.py [--generations 300] [--warmup 10] [overrides ...]
+
+Every generation it samples the driver actor's and each engine worker's RSS (with their
+child processes) and open file descriptors, the scratch entries on /dev/shm, the Ray object
+store's bytes and the run folder's size. Writes bench/results/soak.json and soak.png, and
+prints start (after warm-up), end and max of each curve; the goal is flat within 5%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import ray
+from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+GOAL = 0.05  # flat within 5% after warm-up
+
+
+def tree_rss_mb(pid: int) -> float:
+    me = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**20
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def actor_pids(prefix: str) -> dict[str, int]:
+    """Live actors whose name starts with `prefix` (from the GCS: the quickstart runs no dashboard)."""
+    alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
+    return {a["Name"]: a["Pid"] for a in alive if (a["Name"] or "").startswith(prefix)}
+
+
+def sample(run_dir: Path, tag: str, generation: int) -> dict[str, Any]:
+    from evora.distributed.launch import driver_name
+
+    driver = actor_pids(driver_name(str(run_dir)))
+    workers = actor_pids(f"evora-worker-{tag}-")
+    store = get_memory_info_reply(get_state_from_address(ray.get_runtime_context().gcs_address)).store_stats
+    scratch = list(Path("/dev/shm").glob(f"evora-{tag}-*"))
+    return {
+        "generation": generation,
+        "time": time.time(),
+        "driver_rss_mb": sum(tree_rss_mb(p) for p in driver.values()),
+        "driver_fds": sum(psutil.Process(p).num_fds() for p in driver.values()),
+        "worker_rss_mb": {name.rsplit("-", 1)[-1]: tree_rss_mb(p) for name, p in workers.items()},
+        "worker_fds": {name.rsplit("-", 1)[-1]: psutil.Process(p).num_fds() for name, p in workers.items()},
+        "shm_entries": sum(1 for folder in scratch for _ in folder.rglob("*")) + len(scratch),
+        "object_store_bytes": int(store.object_store_bytes_used),
+        "run_dir_bytes": folder_bytes(run_dir),
+    }
+
+
+def curves(samples: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """One series per measure; per-worker measures are summed over workers."""
+    out: dict[str, list[float]] = {}
+    for s in samples:
+        for key, value in s.items():
+            if key in ("generation", "time"):
+                continue
+            out.setdefault(key, []).append(float(sum(value.values()) if isinstance(value, dict) else value))
+    return out
+
+
+def report(samples: list[dict[str, Any]], warmup: int) -> dict[str, dict[str, float]]:
+    table = {}
+    for key, series in curves(samples).items():
+        after = series[min(warmup, len(series) - 1) :]
+        start, end, top = after[0], after[-1], max(after)
+        growth = (end - start) / start if start else (0.0 if end == 0 else float("inf"))
+        table[key] = {"start": start, "end": end, "max": top, "growth": growth, "flat": abs(growth) <= GOAL}
+    return table
+
+
+def plot(samples: list[dict[str, Any]], warmup: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = curves(samples)
+    generations = [s["generation"] for s in samples]
+    fig, axes = plt.subplots(len(series), 1, figsize=(8, 2.2 * len(series)), sharex=True)
+    for ax, (key, values) in zip(axes, series.items()):
+        ax.plot(generations, values)
+        ax.axvline(warmup, color="grey", linestyle=":")
+        ax.set_ylabel(key, fontsize=8)
+    axes[-1].set_xlabel("generation")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--generations", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=10, help="generations before the start of each curve")
+    parser.add_argument("overrides", nargs="*", help="evora config overrides (the quickstart's by default)")
+    args = parser.parse_args()
+
+    from evora.config.compose import compose_run, setup
+    from evora.distributed.launch import launch
+    from evora.tracking.run_dir import run_tag
+
+    setup()
+    out = Path(tempfile.mkdtemp(prefix="evora-soak-"))
+    run = compose_run([f"generations={args.generations}", f"tracking.out_dir={out}", *args.overrides])
+    run_dir = out / "soak"
+    run_dir.mkdir()
+    tag = run_tag(str(run_dir))
+    samples: list[dict[str, Any]] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        # The last generation's event arrives while the driver already runs the finish.
+        if event["kind"] == "generation" and event["generation"] < args.generations:
+            samples.append(sample(run_dir, tag, event["generation"]))
+            print(f"generation {event['generation']}: {json.dumps(samples[-1])}", file=sys.stderr)
+
+    started = time.time()
+    launch(run, str(run_dir), on_event)
+    table = report(samples, args.warmup)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {
+        "generations": args.generations,
+        "warmup": args.warmup,
+        "overrides": args.overrides,
+        "seconds": time.time() - started,
+        "summary": table,
+        "samples": samples,
+    }
+    (RESULTS / "soak.json").write_text(json.dumps(result, indent=1))
+    plot(samples, args.warmup, RESULTS / "soak.png")
+    print(f"{'measure':<20} {'start':>14} {'end':>14} {'max':>14} {'growth':>8}")
+    for key, row in table.items():
+        flag = "" if row["flat"] else "  > 5%"
+        print(f"{key:<20} {row['start']:>14,.1f} {row['end']:>14,.1f} {row['max']:>14,.1f} {row['growth']:>8.1%}{flag}")
+    print(f"{RESULTS / 'soak.json'}\n{RESULTS / 'soak.png'}")
+
+
+if __name__ == "__main__":
+    main()

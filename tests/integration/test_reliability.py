@@ -1,0 +1,232 @@
+"""Reliability through the real CLI: hostile user rewards are bounded and counted, a diverging
+update stops in one line, bad input found after Ray starts is one line with the right exit
+code (tracebacks in the run's cli.log), and Ctrl-C / SIGTERM stop at once, leave no process
+and no scratch folder behind, and resume to the uninterrupted result bit for bit."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, SMALL, cli_run, evora_cmd, only_run_dir, run_evora
+from evora.tracking.metrics import read_metrics
+from evora.tracking.run_dir import run_tag
+
+pytestmark = pytest.mark.slow
+
+TESTS = str(ROOT / "tests")
+
+
+def one_error_line(result: subprocess.CompletedProcess, code: int, *parts: str) -> str:
+    """The run ended with `code` and one `evora: error:` line holding `parts`; no traceback."""
+    console = result.stdout + result.stderr
+    assert result.returncode == code, console[-4000:]
+    assert "Traceback" not in console, console[-4000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("evora: error:")]
+    assert len(errors) == 1, result.stderr[-4000:]
+    for part in parts:
+        assert part in errors[0], errors[0]
+    return errors[0]
+
+
+def fresh_out() -> Path:
+    return Path(tempfile.mkdtemp(prefix="evora-test-"))
+
+
+# --- user rewards -----------------------------------------------------------------------------
+
+
+def test_hostile_user_rewards_are_bounded_counted_and_the_run_finishes():
+    out = fresh_out()
+    result = run_evora(
+        [
+            *SMALL,
+            "generations=2",
+            "engine=hf",
+            "task.reward=hostile_rewards:mixed",  # sleeps forever, segfaults, os._exit(1), eats memory
+            "task.reward_timeout_s=1",
+            "task.reward_memory_mb=512",
+            f"tracking.out_dir={out}",
+        ],
+        cwd=out,
+        env={"PYTHONPATH": TESTS},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    run_dir = only_run_dir(out)
+    records = [r for r in read_metrics(run_dir) if r["generation"] > 0]
+    assert sum(r["reward_timeouts"] for r in records) > 0
+    assert sum(r["reward_errors"] for r in records) > 0  # the crashes, exits and MemoryErrors
+    assert [r["workers"] for r in records] == [2, 2]  # no engine worker lost
+    assert sum(r["workers_lost"] for r in records) == 0
+    assert all(r["reward_mean"] > 0 for r in records)  # the fair examples are still scored
+    assert "held-out reward: base model" in result.stdout
+    assert (run_dir / "eval" / "summary.json").is_file()
+
+
+# --- non-finite numbers ---------------------------------------------------------------------
+
+
+def test_a_diverging_update_stops_in_one_line_before_its_checkpoint():
+    out = fresh_out()  # an lr that overflows float32 on the first update
+    result = run_evora(
+        [*SMALL, "generations=3", "engine=hf", "strategy.lr=1e300", f"tracking.out_dir={out}"],
+        cwd=out,
+    )
+    line = one_error_line(result, 1, "generation 1: the update made", "non-finite", "strategy.lr=1e+300")
+    assert "strategy.sigma=" in line
+    run_dir = only_run_dir(out)
+    assert not (run_dir / "checkpoints" / "latest.pt").exists()  # the broken generation was not saved
+    assert "RunError" in (run_dir / "cli.log").read_text()
+
+
+# --- one-line errors --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code", "parts"),
+    [
+        (["strategy.sigma=inf"], 2, ["strategy.sigma=inf: must be a finite number"]),
+        (["tracking.out_dir=/proc/forbidden"], 2, ['tracking.out_dir="/proc/forbidden": cannot write in /proc']),
+        (["hardware.num_workers=64"], 2, ["hardware.num_workers=64:", "need 64 CPUs but the Ray cluster has"]),
+        (["hardware=gpu", "engine=hf"], 2, ["hardware.gpus_per_worker=1: the Ray cluster has no GPUs"]),
+        (
+            ["model.path=Qwen/Qwen2.5-0.5B-Instruct", "engine=hf"],
+            1,
+            ['model.path="Qwen/Qwen2.5-0.5B-Instruct": cannot reach the Hugging Face hub', "HF_HUB_OFFLINE=1"],
+        ),
+    ],
+    ids=["inf", "unwritable-out-dir", "capacity", "no-gpus", "hub-offline"],
+)
+def test_bad_input_after_ray_starts_too_is_one_line(overrides, code, parts):
+    out = fresh_out()
+    args = [*overrides, "generations=1"]
+    if not any(o.startswith("tracking.out_dir") for o in overrides):
+        args.append(f"tracking.out_dir={out}")
+    result = run_evora(args, cwd=out, env={"HF_HUB_OFFLINE": "1"})
+    one_error_line(result, code, *parts)
+
+
+def test_vllm_not_installed_is_one_line_before_ray():
+    blocked = "import sys; sys.modules['vllm'] = None; from evora.cli import main; main(sys.argv[1:])"
+    out = fresh_out()
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, "engine=vllm", f"tracking.out_dir={out}"],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    one_error_line(result, 2, 'engine="vllm": vLLM is not installed here', "engine=hf")
+    assert list(out.iterdir()) == []  # nothing started
+
+
+# --- interrupts -------------------------------------------------------------------------------
+
+INTERRUPTED_RUN = (*SMALL, "generations=3", "engine=hf", "hardware.num_workers=2")
+
+
+class Terminal:
+    """The CLI on a pseudo-terminal, as a user runs it: Ctrl-C is the terminal's ^C."""
+
+    def __init__(self, args: list[str], cwd: Path):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: become the CLI
+            os.chdir(cwd)
+            os.execv(sys.executable, evora_cmd(*args))
+        self.output = ""
+
+    def read_until(self, pattern: str, timeout: float = 600) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.output)
+            if found:
+                return found
+            ready, _, _ = select.select([self.fd], [], [], 1.0)
+            if ready:
+                chunk = self._read()
+                assert chunk is not None, f"the run ended before {pattern!r}:\n{self.output[-3000:]}"
+                self.output += chunk
+        raise AssertionError(f"timed out waiting for {pattern!r}:\n{self.output[-3000:]}")
+
+    def _read(self) -> str | None:
+        try:
+            data = os.read(self.fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            return None
+        return data.decode(errors="replace") if data else None
+
+    def wait(self) -> int:
+        while (chunk := self._read()) is not None:
+            self.output += chunk
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def assert_nothing_left(tree: list[psutil.Process], run_dir: Path) -> None:
+    _, alive = psutil.wait_procs(tree, timeout=60)
+    assert not alive, [(p.pid, p.name()) for p in alive]
+    assert not list(Path("/dev/shm").glob(f"evora-{run_tag(run_dir)}-*"))
+    assert not (run_dir / "run.lock").exists()
+
+
+def test_ctrl_c_stops_at_once_leaves_nothing_and_resume_gives_the_uninterrupted_result():
+    reference, _ = cli_run(*INTERRUPTED_RUN)
+    out = fresh_out()
+    terminal = Terminal([*INTERRUPTED_RUN, f"tracking.out_dir={out}"], out)
+    terminal.read_until(r"gen\s+1/3")  # generation 1 is checkpointed; 2 is under way
+    tree = process_tree(terminal.pid)
+    assert len(tree) > 3  # Ray's processes and the engine workers
+    os.write(terminal.fd, b"\x03")
+    code = terminal.wait()
+    run_dir = only_run_dir(out)
+    assert code == 130, terminal.output[-3000:]
+    assert "Traceback" not in terminal.output
+    found = re.search(r"evora: interrupted after generation (\d); resume: evora resume=(\S+)", terminal.output)
+    assert found and found.group(2) == str(run_dir), terminal.output[-3000:]
+    assert_nothing_left(tree, run_dir)
+
+    resumed = run_evora([f"resume={run_dir}"], cwd=out)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-4000:]
+    assert f"resumed at generation {found.group(1)}" in resumed.stdout
+    ours, theirs = (load_file(str(d / "adapters" / "mean" / "adapter_model.safetensors")) for d in (run_dir, reference))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert [r["reward_mean"] for r in read_metrics(run_dir)[1:]] == [
+        r["reward_mean"] for r in read_metrics(reference)[1:]
+    ]
+
+
+def test_sigterm_stops_with_143_and_the_resume_line():
+    out = fresh_out()
+    args = [*INTERRUPTED_RUN, f"tracking.out_dir={out}", "tracking.progress=false"]
+    process = subprocess.Popen(evora_cmd(*args), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = None
+    deadline = time.monotonic() + 600
+    while run_dir is None and time.monotonic() < deadline:  # wait for the first generation's line
+        line = process.stdout.readline()
+        assert line, process.stderr.read()[-3000:]
+        if re.match(r"gen\s+1/3", line):
+            run_dir = only_run_dir(out)
+    tree = process_tree(process.pid)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    assert "SIGTERM received" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert re.search(rf"evora: interrupted after generation \d; resume: evora resume={re.escape(str(run_dir))}", stderr)
+    assert_nothing_left(tree, run_dir)

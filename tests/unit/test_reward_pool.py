@@ -1,0 +1,91 @@
+"""User rewards run in reward processes with a deadline: hanging, crashing, exiting and
+memory-eating rewards score the penalty, are counted, and the pool goes on."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from evora.config.schema import TaskConfig
+from evora.tasks import build_task
+from evora.tasks.reward_pool import InProcessRewards, RewardPool, reward_scorer
+
+
+def pool_for(reward: str, **task) -> tuple[RewardPool, tuple]:
+    cfg = TaskConfig(
+        name="addition",
+        reward=f"hostile_rewards:{reward}",
+        reward_penalty=-1.0,
+        reward_timeout_s=2.0,
+        reward_memory_mb=512,
+        **task,
+    )
+    examples = build_task(cfg, 0).splits().heldout[:4]
+    return RewardPool(cfg, 0), examples
+
+
+@pytest.mark.parametrize(
+    ("reward", "errors", "timeouts"),
+    [("sleeps_forever", 0, 3), ("segfaults", 3, 0), ("exits", 3, 0), ("eats_memory", 3, 0), ("raises", 3, 0)],
+)
+def test_a_hostile_reward_scores_the_penalty_and_the_pool_recovers(reward, errors, timeouts):
+    pool, examples = pool_for(reward)
+    try:
+        started = time.monotonic()
+        scores = pool.score(["x"] * 3, examples[:3])
+        assert (scores.errors, scores.timeouts) == (errors, timeouts)
+        assert scores.rewards == [-1.0] * 3 and scores.correct == [False] * 3
+        assert time.monotonic() - started < 30  # bounded: deadlines, not hangs
+    finally:
+        pool.close()
+
+
+def test_the_pool_scores_like_the_task_and_keeps_order():
+    cfg = TaskConfig(name="addition", reward="hostile_rewards:mixed", reward_timeout_s=2.0, reward_memory_mb=512)
+    task = build_task(cfg, 0)
+    examples = [e for e in task.splits().heldout if int(e.answer) % 23 != 0][:12]
+    completions = [e.answer if i % 3 else "wrong" for i, e in enumerate(examples)]
+    pool = RewardPool(cfg, 0)
+    try:
+        scores = pool.score(completions, examples)
+    finally:
+        pool.close()
+    assert scores.rewards == [0.0 if i % 3 == 0 else 1.0 for i in range(12)]
+    assert scores.correct == [i % 3 != 0 for i in range(12)]
+    assert (scores.errors, scores.timeouts) == (0, 0)
+
+
+def test_the_pool_replaces_dead_processes_and_goes_on():
+    cfg = TaskConfig(name="addition", reward="hostile_rewards:mixed", reward_timeout_s=2.0, reward_memory_mb=512)
+    task = build_task(cfg, 0)
+    pool_examples = task.splits().train
+    hostile = [e for e in pool_examples if int(e.answer) % 23 == 0]
+    by_kind = {(int(e.answer) // 23) % 4: e for e in hostile}
+    fair = [e for e in pool_examples if int(e.answer) % 23 != 0][:8]
+    examples = [by_kind[k] for k in range(4)] + fair
+    pool = RewardPool(cfg, 0)
+    try:
+        scores = pool.score([e.answer for e in examples], examples)
+    finally:
+        pool.close()
+    assert scores.timeouts == 1  # sleeps forever
+    assert scores.errors == 3  # segfault, os._exit, MemoryError
+    assert scores.rewards[4:] == [1.0] * 8  # answered by replacement processes
+
+
+def test_built_in_rewards_stay_in_process():
+    cfg = TaskConfig(name="addition")
+    assert isinstance(reward_scorer(build_task(cfg, 0), cfg, 0), InProcessRewards)
+    user = TaskConfig(name="addition", reward="custom_example:shout_score")
+    scorer = reward_scorer(build_task(user, 0), user, 0)
+    try:
+        assert isinstance(scorer, RewardPool)
+    finally:
+        scorer.close()
+    task_class = TaskConfig(name="custom_example:EvenSumsTask")
+    scorer = reward_scorer(build_task(task_class, 0), task_class, 0)
+    try:
+        assert isinstance(scorer, RewardPool)
+    finally:
+        scorer.close()
