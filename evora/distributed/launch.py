@@ -12,7 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from evora.config.schema import RunConfig
 from evora.distributed.driver import Driver
-from evora.distributed.ray_session import NAMESPACE, init_ray
+from evora.distributed.ray_session import NAMESPACE, init_ray, started_here
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import EvoraError
 from evora.strategies import get_strategy
@@ -63,9 +63,12 @@ def launch(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], No
         raise
     except BaseException:  # Ctrl-C or SIGTERM: the generation under way is abandoned, its checkpoint stays
         _stop_now(driver, run_tag(run_dir))
+        if started_here(run):
+            ray.shutdown()  # our own Ray: its processes go now, so none writes scratch after the sweep below
         raise
     finally:
-        ray.kill(driver, no_restart=True)
+        if ray.is_initialized():
+            ray.kill(driver, no_restart=True)
         sweep_run_scratch(run.engine.adapter_dir, run_tag(run_dir))
 
 

@@ -61,7 +61,7 @@ class WorkerPool:
     def run(self, payload: Any, units: list[WorkUnit], max_attempts: int = 3) -> list[UnitResult]:
         """Results in unit order. `payload` should be an ObjectRef: put once, read by all."""
         pending = deque((i, 0) for i in range(len(units)))
-        idle = deque(sorted(self.alive))
+        idle = deque(self._check_in())
         in_flight: dict[Any, tuple[int, int, int]] = {}  # ref -> (unit, attempt, worker)
         results: list[UnitResult | None] = [None] * len(units)
         while pending or in_flight:
@@ -85,6 +85,22 @@ class WorkerPool:
                     raise
                 pending.append((unit, attempt + 1))
         return results  # type: ignore[return-value]
+
+    def _check_in(self) -> list[int]:
+        """Workers ready for work: replacements that have started join; a worker that died
+        while idle is found now (one cheap call each) and replaced at once."""
+        if self.starting:
+            ready, _ = ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
+            for ref in ready:
+                self._joined(ref)
+        workers = sorted(self.alive)
+        probes = [self.actors[w].__ray_ready__.remote() for w in workers]
+        for worker, probe in zip(workers, probes):
+            try:
+                ray.get(probe)
+            except WORKER_FAILURES:
+                self._lost(worker)
+        return sorted(self.alive)
 
     def _lost(self, worker: int) -> None:
         """Drop a dead worker, and start a replacement with the same resources."""

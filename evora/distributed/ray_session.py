@@ -28,6 +28,11 @@ def init_ray(run: RunConfig) -> None:
         signal.signal(signal.SIGTERM, sigterm)
 
 
+def started_here(run: RunConfig) -> bool:
+    """Whether this process started the Ray it uses (a private local one), rather than joined a cluster."""
+    return run.hardware.address is None and not os.environ.get("RAY_ADDRESS")
+
+
 def _start_ray(run: RunConfig) -> None:
     hw = run.hardware
     options: dict[str, Any] = {
@@ -39,7 +44,7 @@ def _start_ray(run: RunConfig) -> None:
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if hw.address is not None:
         ray.init(address=hw.address, **options)
-    elif os.environ.get("RAY_ADDRESS"):
+    elif not started_here(run):
         ray.init(**options)  # submitted as a Ray job: join that cluster
     else:  # a private local cluster on loopback; the dashboard only when asked for
         loopback_only()

