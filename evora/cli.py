@@ -8,7 +8,7 @@ one line before Ray starts.
     evora eval adapter=runs/<run folder>/adapters/best compare=true
     evora analyze runs/<run folder>           plots/ and report.md (a sweep folder: sweep.png)
     evora compare runs/<run> runs/<run> ...   held-out reward against compute, side by side
-    evora runs list | show <run> | clean --keep N [--yes]
+    evora runs list | show <run> | clean [--keep N] [--yes]   (clean: also dead runs' scratch)
 """
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""The CLI's failure output: one line on the console, the traceback in the run's cli.log
+(and on the console with EVORA_DEBUG=1); exit codes by kind; the pool's console lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from evora import cli
+from evora.errors import ConfigError, RunError
+from evora.tracking.progress import pool_line
+
+
+def raised(error: Exception) -> Exception:
+    try:
+        raise error
+    except Exception as caught:
+        return caught
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "line"),
+    [
+        (ConfigError("hardware.num_workers=64: too many"), 2, "evora: error: hardware.num_workers=64: too many"),
+        (RunError("generation 3: the update made 2 adapter tensor(s) non-finite"), 1, "evora: error: generation 3"),
+        (ValueError("bad thing\nsecond line"), 1, "evora: error: ValueError: bad thing (traceback: "),
+    ],
+)
+def test_one_line_on_the_console_and_the_traceback_in_cli_log(tmp_path, capsys, monkeypatch, error, code, line):
+    monkeypatch.delenv("EVORA_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        cli._fail(raised(error), tmp_path)
+    assert exit_.value.code == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(line), err
+    assert "Traceback" not in err
+    assert "Traceback (most recent call last)" in (tmp_path / "cli.log").read_text()
+
+
+def test_evora_debug_shows_the_traceback_on_the_console_too(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("EVORA_DEBUG", "1")
+    with pytest.raises(SystemExit):
+        cli._fail(raised(KeyError("missing")), tmp_path)
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.rstrip().endswith("cli.log)")
+
+
+def test_a_cluster_error_is_shown_by_its_cause(tmp_path, capsys):
+    class TaskError(Exception):  # the shape of Ray's RayTaskError: the remote exception in `.cause`
+        def __init__(self, cause: Exception):
+            super().__init__(f"ray::Driver.run() (pid=1)\n  File ...\n{cause}")
+            self.cause = cause
+
+    with pytest.raises(SystemExit):
+        cli._fail(raised(TaskError(RuntimeError("every engine worker has died"))), tmp_path)
+    assert capsys.readouterr().err.startswith("evora: error: RuntimeError: every engine worker has died (traceback:")
+
+
+def test_interrupt_names_the_saved_generation(tmp_path, capsys):
+    from evora.tracking.checkpoint import atomic_save, latest_path
+
+    with pytest.raises(SystemExit) as exit_:
+        cli._interrupted(KeyboardInterrupt(), tmp_path)
+    assert exit_.value.code == 130
+    resume = f"resume: evora resume={tmp_path}\n"
+    assert capsys.readouterr().err == f"evora: interrupted before its first checkpoint; {resume}"
+    atomic_save({"loop": {"next_generation": 4}}, latest_path(tmp_path))
+    with pytest.raises(SystemExit) as exit_:
+        cli._interrupted(cli.Terminated(), tmp_path)
+    assert exit_.value.code == 143
+    assert capsys.readouterr().err == f"evora: interrupted after generation 4; {resume}"
+
+
+def test_pool_lines():
+    assert pool_line({"event": "worker-lost", "worker": 1}) == "engine worker 1 lost; its work is rerun on the others"
+    assert pool_line({"event": "worker-replaced", "worker": 3, "node": "a" * 56}) == (
+        "engine worker 3 started as a replacement (node aaaaaaaaaaaa)"
+    )
