@@ -69,8 +69,8 @@ def _interrupted(error: BaseException, run_dir: Path) -> NoReturn:
     from evora.tracking.checkpoint import saved_generation
 
     done = saved_generation(run_dir)
-    where = f"after generation {done}" if done is not None else "before its first checkpoint"
-    print(f"evora: interrupted {where}; resume: evora resume={run_dir}", file=sys.stderr)
+    where = f" after generation {done}" if done is not None else ""  # PBT keeps Tune's checkpoints
+    print(f"evora: interrupted{where}; resume: evora resume={run_dir}", file=sys.stderr)
     raise SystemExit(128 + (signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT))
 
 

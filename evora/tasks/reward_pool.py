@@ -75,10 +75,6 @@ def _reward_and_correct(completion: str, example: Example) -> tuple[float, bool]
     return float(_task.reward(completion, example)), bool(_task.correct(completion, example))
 
 
-# Forked from a clean server that has imported evora.tasks: a replacement process starts in
-# milliseconds, and never inherits an engine's threads or GPU context (plain fork would).
-_CONTEXT = multiprocessing.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["evora.tasks"])
 
 
 class RewardPool:
@@ -87,11 +83,15 @@ class RewardPool:
     def __init__(self, cfg: TaskConfig, seed: int):
         self.penalty = cfg.reward_penalty
         self.timeout_s = cfg.reward_timeout_s
+        # Forked from a clean server that has imported evora.tasks: a replacement process starts
+        # in milliseconds, and never inherits an engine's threads or GPU context (plain fork would).
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["evora.tasks"])
         self.pool = ProcessPool(
             max_workers=cfg.reward_workers,
             initializer=_start_reward_process,
             initargs=(cfg, seed, cfg.reward_memory_mb),
-            context=_CONTEXT,
+            context=context,
         )
 
     def score(self, completions: Sequence[str], examples: Sequence[Example]) -> Scores:

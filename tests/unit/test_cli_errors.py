@@ -62,7 +62,7 @@ def test_interrupt_names_the_saved_generation(tmp_path, capsys):
         cli._interrupted(KeyboardInterrupt(), tmp_path)
     assert exit_.value.code == 130
     resume = f"resume: evora resume={tmp_path}\n"
-    assert capsys.readouterr().err == f"evora: interrupted before its first checkpoint; {resume}"
+    assert capsys.readouterr().err == f"evora: interrupted; {resume}"
     atomic_save({"loop": {"next_generation": 4}}, latest_path(tmp_path))
     with pytest.raises(SystemExit) as exit_:
         cli._interrupted(cli.Terminated(), tmp_path)
