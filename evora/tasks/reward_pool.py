@@ -75,8 +75,6 @@ def _reward_and_correct(completion: str, example: Example) -> tuple[float, bool]
     return float(_task.reward(completion, example)), bool(_task.correct(completion, example))
 
 
-
-
 class RewardPool:
     """Scores (completion, example) pairs in reward processes, one call per pair."""
 
