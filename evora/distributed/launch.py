@@ -61,7 +61,7 @@ def launch(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], No
         if isinstance(error.cause, EvoraError):  # bad input found on the cluster (e.g. a hub model's layout)
             raise error.cause from None
         raise
-    except BaseException:  # Ctrl-C or SIGTERM: the generation under way is abandoned, its checkpoint stays
+    except BaseException:  # Ctrl-C, SIGTERM or a failure: the generation under way is abandoned, its checkpoint stays
         _stop_now(driver, run_tag(run_dir))
         if started_here(run):
             ray.shutdown()  # our own Ray: its processes go now, so none writes scratch after the sweep below

@@ -1,4 +1,4 @@
-"""User rewards, bounded in time and isolated (docs/architecture.md, "Rewards").
+"""User rewards, bounded in time and isolated (docs/architecture.md, "Failure handling").
 
 A user's reward (`task.reward=`, or a user task class) may hang, crash the interpreter
 (a segfault, `os._exit`) or eat the machine's memory. It runs in a small pool of reward
@@ -15,7 +15,7 @@ import multiprocessing
 import resource
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from pebble import ProcessPool
 
@@ -116,6 +116,6 @@ class RewardPool:
         self.pool.join(timeout=10)
 
 
-def reward_scorer(task: Task, cfg: TaskConfig, seed: int) -> Any:
+def reward_scorer(task: Task, cfg: TaskConfig, seed: int) -> Scorer:
     """The pool for a user's reward or task class; in-process scoring for built-ins."""
     return RewardPool(cfg, seed) if is_user_reward(cfg) else InProcessRewards(task, cfg.reward_penalty)
