@@ -36,7 +36,9 @@ def test_a_hostile_reward_scores_the_penalty_and_the_pool_recovers(reward, error
         scores = pool.score(["x"] * 3, examples[:3])
         assert (scores.errors, scores.timeouts) == (errors, timeouts)
         assert scores.rewards == [-1.0] * 3 and scores.correct == [False] * 3
-        assert time.monotonic() - started < 30  # bounded: deadlines, not hangs
+        # Bounded: the reward sleeps for an hour; deadlines end it in seconds (a loaded machine
+        # may take a while to start the reward processes, hence the wide margin).
+        assert time.monotonic() - started < 300
     finally:
         pool.close()
 
