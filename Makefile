@@ -11,6 +11,9 @@ EXTRAS ?= cpu,dev
 TORCH ?= torch==2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist: 3 worker processes; tests marked @pytest.mark.xdist_group("name") share one
+# worker (a cached CLI run, an engine or a cluster started once). PYTEST_XDIST="-n 0": serial.
+PYTEST_XDIST ?= -n 3 --dist loadgroup
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.evora-installed
 
@@ -35,7 +38,7 @@ run: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python bench/throughput.py $(ARGS)

@@ -18,6 +18,32 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
+UNGROUPED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own hook, which appends "@<group>" to node ids
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup` (`make test`), tests marked xdist_group must reach the scheduler
+    with their group in the node id; when they do not (pytest-dev/pytest-xdist#1386), groups
+    silently split over the workers and each repeats the shared runs: such tests error instead."""
+    if not getattr(config.option, "loadgroup", False):  # set in xdist workers under loadgroup
+        return
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        groups = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
+        if groups and not item.nodeid.endswith("@" + "_".join(sorted(groups))):
+            item.stash[UNGROUPED] = (
+                "pytest-xdist did not put the test's xdist_group in its node id, so --dist loadgroup "
+                "does not group tests with this pytest/pytest-xdist pair (pytest-dev/pytest-xdist#1386); "
+                "see the pytest pin in pyproject.toml"
+            )
+
+
+def pytest_runtest_setup(item):
+    if UNGROUPED in item.stash:
+        pytest.fail(item.stash[UNGROUPED], pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_path() -> str:
     return str(TINY)
@@ -62,7 +88,11 @@ SMALL = [
 
 @functools.lru_cache(maxsize=None)
 def cli_run(*args: str) -> tuple[Path, str]:
-    """Run evora once per distinct argument list; returns (run folder, stdout)."""
+    """Run evora once per distinct argument list; returns (run folder, stdout).
+
+    The cache is per process: under pytest-xdist (`make test`), tests that share a run carry
+    the same @pytest.mark.xdist_group so that they land in one worker and the run is made once.
+    """
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
     result = run_evora([f"tracking.out_dir={out}", *args], cwd=out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]

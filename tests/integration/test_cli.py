@@ -62,6 +62,7 @@ def test_bad_input_fails_in_one_line_before_ray_starts(override, key, tmp_path):
 # --- a short run: outputs and run folder ------------------------------------------------
 
 
+@pytest.mark.xdist_group("es-run")
 def test_run_folder_outputs_and_console(tmp_path):
     run_dir, stdout = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
     assert (run_dir / "config.yaml").is_file()
@@ -106,6 +107,7 @@ def test_run_folder_outputs_and_console(tmp_path):
     assert not list(Path("/dev/shm").glob(f"evora-{run_tag(run_dir)}-*")), "adapters left in /dev/shm"
 
 
+@pytest.mark.xdist_group("es-run")
 def test_exported_adapters_load_in_peft(tiny_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -121,6 +123,7 @@ def test_exported_adapters_load_in_peft(tiny_path):
 # --- determinism -------------------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("es-run")
 def test_one_worker_and_two_workers_give_the_bitwise_same_mean_adapter():
     two, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
     one, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=1")
@@ -145,6 +148,7 @@ def test_resume_after_generation_2_of_4_equals_the_uninterrupted_run():
     assert [r["reward_mean"] for r in read_metrics(part)[1:]] == [r["reward_mean"] for r in read_metrics(whole)[1:]]
 
 
+@pytest.mark.xdist_group("es-run")
 def test_resume_refuses_to_change_the_trajectory(tmp_path):
     run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
     result = run_evora([f"resume={run_dir}", "strategy.sigma=0.5"], cwd=tmp_path)
@@ -155,6 +159,7 @@ def test_resume_refuses_to_change_the_trajectory(tmp_path):
 # --- evaluation ---------------------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("es-run")
 def test_eval_compare_writes_both_reports_and_agrees_with_the_run(tmp_path):
     run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
     result = run_evora(
@@ -190,6 +195,7 @@ def test_malformed_data_file_fails_with_file_and_line_before_ray(tmp_path):
 # --- other engines and tasks through the whole runtime ----------------------------------
 
 
+@pytest.mark.xdist_group("hf-run")
 def test_hf_engine_runs_the_same_loop():
     run_dir, stdout = cli_run(*SMALL, "generations=2", "engine=hf", "hardware.num_workers=1")
     assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2]
@@ -260,6 +266,7 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
 GA = ["strategy=ga", *SMALL]
 
 
+@pytest.mark.xdist_group("ga-run")
 def test_ga_is_deterministic_across_worker_counts_and_resume(tmp_path):
     two, _ = cli_run(*GA, "generations=3", "hardware.num_workers=2")
     one, _ = cli_run(*GA, "generations=3", "hardware.num_workers=1")
@@ -275,6 +282,7 @@ def test_ga_is_deterministic_across_worker_counts_and_resume(tmp_path):
     assert read_metrics(part, "lineage.jsonl") == read_metrics(two, "lineage.jsonl")
 
 
+@pytest.mark.xdist_group("ga-run")
 def test_ga_lineage_is_a_family_tree():
     run_dir, _ = cli_run(*GA, "generations=3", "hardware.num_workers=2")
     records = read_metrics(run_dir, "lineage.jsonl")
@@ -321,6 +329,7 @@ TINY_PBT = {
 }  # conf/tuning/tiny_pbt.yaml
 
 
+@pytest.mark.xdist_group("pbt-run")
 def test_pbt_finishes_with_a_best_adapter_at_least_as_good_as_the_median_member():
     run_dir, stdout = cli_run(*PBT, "tracking=wandb", "tracking.wandb_mode=offline")
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
@@ -421,14 +430,25 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.mark.parametrize(
     "args,expected",
     [
-        ((*SMALL, "generations=3", "hardware.num_workers=2"), {"reward", "timing"}),
-        ((*GA, "generations=3", "hardware.num_workers=2"), {"reward", "timing", "lineage", "mutations"}),
-        (
+        pytest.param(
+            (*SMALL, "generations=3", "hardware.num_workers=2"),
+            {"reward", "timing"},
+            id="es",
+            marks=pytest.mark.xdist_group("es-run"),
+        ),
+        pytest.param(
+            (*GA, "generations=3", "hardware.num_workers=2"),
+            {"reward", "timing", "lineage", "mutations"},
+            id="ga",
+            marks=pytest.mark.xdist_group("ga-run"),
+        ),
+        pytest.param(
             (*PBT, "tracking=wandb", "tracking.wandb_mode=offline"),
             {"reward", "lineage", "mutations", "hyperparameters", "survival"},
+            id="pbt",
+            marks=pytest.mark.xdist_group("pbt-run"),
         ),
     ],
-    ids=["es", "ga", "pbt"],
 )
 def test_analyze_real_runs_writes_every_plot_and_a_report(args, expected, tmp_path):
     run_dir, _ = cli_run(*args)
@@ -467,6 +487,7 @@ def test_analyze_real_runs_writes_every_plot_and_a_report(args, expected, tmp_pa
     assert f"{best:.4f}" in report, (best, report[:2000])
 
 
+@pytest.mark.xdist_group("es-run")
 def test_runs_list_shows_real_runs_and_their_status(tmp_path):
     run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
     result = run_evora(["runs", "list", "--dir", str(run_dir.parent)], cwd=tmp_path)

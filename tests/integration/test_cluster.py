@@ -31,7 +31,9 @@ from evora.errors import ConfigError
 from evora.tracking.metrics import read_metrics
 from evora.tracking.run_dir import run_tag
 
-pytestmark = pytest.mark.slow
+# One xdist worker: the cluster fixture is started once, and the fault runs' reference run is
+# the cached run of test_cli.py's test_hf_engine_runs_the_same_loop (same arguments).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hf-run")]
 
 HERE = Path(__file__).resolve().parent
 GPUS_PER_NODE = 2
@@ -172,10 +174,11 @@ def logged(out: Path, generation: int):
     return None
 
 
-def live_workers(run_dir: Path) -> list:
+def live_workers(cluster: Cluster, run_dir: Path) -> list:
+    # The cluster's address, not auto-detection: other Ray instances may be running on this
+    # machine (other runs, other test workers).
     prefix = f"evora-worker-{run_tag(run_dir)}-"
-    # This cluster's address: other Ray instances on the machine (parallel tests) are not it.
-    alive = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")])
+    alive = list_actors(address=cluster.address, filters=[("state", "=", "ALIVE")])
     return [a for a in alive if (a.name or "").startswith(prefix)]
 
 
@@ -210,13 +213,13 @@ def test_killed_worker_and_removed_node_do_not_change_the_result(cluster):
     reference, _ = cli_run(*FAULT_RUN, "hardware.num_workers=1")
     out, process = start_on(cluster)
     run_dir = wait_for(process, lambda: logged(out, 0), "the initial evaluation")  # generation 1 is under way
-    victim = live_workers(run_dir)[0]
+    victim = live_workers(cluster, run_dir)[0]
     ray.kill(ray.get_actor(victim.name))
 
     wait_for(process, lambda: logged(out, 1), "generation 1")
-    here = ray.get_runtime_context().gcs_address
-    driver_node = next(a.node_id for a in list_actors(address=here, filters=[("name", "=", driver_name(str(run_dir)))]))
-    worker_nodes = {a.node_id for a in live_workers(run_dir)}
+    drivers = list_actors(address=cluster.address, filters=[("name", "=", driver_name(str(run_dir)))])
+    driver_node = next(a.node_id for a in drivers)
+    worker_nodes = {a.node_id for a in live_workers(cluster, run_dir)}
     node = next(n for n in cluster.worker_nodes if n.node_id in worker_nodes and n.node_id != driver_node)
     cluster.remove_node(node, allow_graceful=False)
     finish(process)
@@ -236,9 +239,9 @@ def test_chaos_random_workers_killed_at_seeded_moments_are_replaced_and_change_n
     out, process = start_on(cluster, CHAOS_RUN)
     for moment in moments:
         run_dir = wait_for(process, lambda: logged(out, moment), f"generation {moment}")
-        victim = chaos.choice(sorted(a.name for a in live_workers(run_dir)))
+        victim = chaos.choice(sorted(a.name for a in live_workers(cluster, run_dir)))
         ray.kill(ray.get_actor(victim))
-        wait_for(process, lambda: victim not in {a.name for a in live_workers(run_dir)}, f"{victim} to die")
+        wait_for(process, lambda: victim not in {a.name for a in live_workers(cluster, run_dir)}, f"{victim} to die")
     stdout = finish(process)
     assert_same_result(run_dir, reference)
     records = [r for r in read_metrics(run_dir) if r["generation"] > 0]

@@ -1,6 +1,8 @@
 """The engines agree token for token, and an adapter is really applied, to exactly the
 modules and layers it names. One vLLM engine serves the whole module."""
 
+import os
+
 import pytest
 import torch
 
@@ -19,6 +21,9 @@ PROMPT_TEXTS = [prompt_of(a, b) for a, b in heldout_pairs()[7::40]][:28] + [
     "7+",
     "12",
 ]
+
+# One xdist worker for the whole module: its vLLM and HF engines start once.
+pytestmark = pytest.mark.xdist_group("engines")
 
 
 @pytest.fixture(scope="module")
@@ -136,13 +141,14 @@ def test_base_requests_stay_base_when_every_adapter_slot_is_busy(vllm_engine, sc
 
 
 def test_scratch_ids_are_fresh_and_folders_are_removed(layout):
-    store = AdapterScratch("/dev/shm", "pytest-ids")
+    tag = f"pytest-ids-{os.getpid()}"  # the sweep counts every process's folders of a tag: only ours
+    store = AdapterScratch("/dev/shm", tag)
     tensors = random_adapter(layout, seed=0, a_std=None, b_std=0.1)
     refs = [store.write("x", tensors, layout, torch.float32) for _ in range(3)]
     assert [r.lora_id for r in refs] == [1, 2, 3]
     store.remove(refs[:1])
-    assert not __import__("os").path.exists(refs[0].path)
-    assert sweep_run_scratch("/dev/shm", "pytest-ids") == 1
+    assert not os.path.exists(refs[0].path)
+    assert sweep_run_scratch("/dev/shm", tag) == 1
     assert not store.dir.exists()
 
 
