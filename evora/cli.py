@@ -99,7 +99,21 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     except (KeyboardInterrupt, Terminated) as error:
         _interrupted(error, run_dir)
     except Exception as error:
+        interrupt = _interrupt_in(error)
+        if interrupt is not None:
+            _interrupted(interrupt, run_dir)
         _fail(error, run_dir)
+
+
+def _interrupt_in(error: BaseException) -> BaseException | None:
+    """An interrupt that reached us wrapped: raised by the signal handler inside one of Ray's
+    Cython calls, it comes back as a SystemError whose cause is the interrupt."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, (KeyboardInterrupt, Terminated)):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -135,7 +135,8 @@ def test_vllm_not_installed_is_one_line_before_ray():
 
 # --- interrupts -------------------------------------------------------------------------------
 
-INTERRUPTED_RUN = (*SMALL, "generations=3", "engine=hf", "hardware.num_workers=2")
+# Six generations: the interrupt after the first must land well before the run would end.
+INTERRUPTED_RUN = (*SMALL, "generations=6", "engine=hf", "hardware.num_workers=2")
 
 
 class Terminal:
@@ -190,7 +191,7 @@ def test_ctrl_c_stops_at_once_leaves_nothing_and_resume_gives_the_uninterrupted_
     reference, _ = cli_run(*INTERRUPTED_RUN)
     out = fresh_out()
     terminal = Terminal([*INTERRUPTED_RUN, f"tracking.out_dir={out}"], out)
-    terminal.read_until(r"gen\s+1/3")  # generation 1 is checkpointed; 2 is under way
+    terminal.read_until(r"gen\s+1/6")  # generation 1 is checkpointed; 2 is under way
     tree = process_tree(terminal.pid)
     assert len(tree) > 3  # Ray's processes and the engine workers
     os.write(terminal.fd, b"\x03")
@@ -221,7 +222,7 @@ def test_sigterm_stops_with_143_and_the_resume_line():
     while run_dir is None and time.monotonic() < deadline:  # wait for the first generation's line
         line = process.stdout.readline()
         assert line, process.stderr.read()[-3000:]
-        if re.match(r"gen\s+1/3", line):
+        if re.match(r"gen\s+1/6", line):
             run_dir = only_run_dir(out)
     tree = process_tree(process.pid)
     process.send_signal(signal.SIGTERM)

@@ -75,3 +75,14 @@ def test_pool_lines():
     assert pool_line({"event": "worker-replaced", "worker": 3, "node": "a" * 56}) == (
         "engine worker 3 started as a replacement (node aaaaaaaaaaaa)"
     )
+
+
+def test_an_interrupt_wrapped_by_a_cython_call_is_still_an_interrupt():
+    try:
+        try:
+            raise cli.Terminated()
+        except cli.Terminated as interrupt:
+            raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") from interrupt
+    except SystemError as wrapped:
+        assert isinstance(cli._interrupt_in(wrapped), cli.Terminated)
+    assert cli._interrupt_in(ValueError("plain")) is None
