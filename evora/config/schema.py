@@ -58,6 +58,9 @@ class TaskConfig:
     reward_timeout_s: float = 10.0  # deadline of one user reward call
     reward_workers: int = 2  # reward processes per engine worker (user rewards)
     reward_memory_mb: Optional[int] = 4096  # address-space limit of a reward process; null: none
+    split: str = "shuffled"  # shuffled: seeded shuffle | ordered: train from the data's head, held-out from its tail
+    number_rule: str = "all_exactly_once"  # countdown: all_exactly_once (the paper) | at_most_once
+    answer_block: str = "last"  # countdown: which <answer> block is scored: last (the paper) | first
 
 
 @dataclass(frozen=True)

@@ -127,9 +127,10 @@ def _check_lora(run: RunConfig) -> None:
 
 def _check_task(run: RunConfig) -> None:
     from evora.tasks import task_names
-    from evora.tasks.base import load_object
+    from evora.tasks.base import SPLITS, load_object
     from evora.tasks.fitness import parse_fitness
     from evora.tasks.prompts import FORMATS
+    from evora.tasks.rewards.countdown import ANSWER_BLOCKS, NUMBER_RULES
     from evora.tasks.rewards.scorers import SCORERS
 
     task = run.task
@@ -154,6 +155,9 @@ def _check_task(run: RunConfig) -> None:
     )
     choice("task.prompt_format", task.prompt_format, FORMATS)
     choice("task.scorer", task.scorer, tuple(SCORERS))
+    choice("task.split", task.split, SPLITS)
+    choice("task.number_rule", task.number_rule, NUMBER_RULES)
+    choice("task.answer_block", task.answer_block, ANSWER_BLOCKS)
     require(task.reward_timeout_s > 0, "task.reward_timeout_s", task.reward_timeout_s, "must be > 0 (seconds)")
     require(task.reward_workers >= 1, "task.reward_workers", task.reward_workers, "must be >= 1")
     if task.reward_memory_mb is not None:

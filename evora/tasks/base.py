@@ -130,9 +130,20 @@ def build_task(cfg: TaskConfig, seed: int) -> Task:
     return task
 
 
+SPLITS = ("shuffled", "ordered")
+
+
 def split_examples(examples: list[Example], cfg: TaskConfig, seed: int, salt: str) -> Splits:
-    """Shuffle with the seed, then take held-out, selection and train, in that order, so
-    growing train_size never moves an example out of the held-out set."""
+    """task.split=shuffled: shuffle with the seed, then take held-out, selection and train, in
+    that order, so growing train_size never moves an example out of the held-out set.
+    task.split=ordered (the ES paper's Countdown split): train, then selection, from the
+    data's head in file order; held-out from its tail."""
+    if cfg.split == "ordered":
+        heldout = examples[len(examples) - cfg.eval_size :] if cfg.eval_size else []
+        head = examples[: len(examples) - len(heldout)]
+        train = head[: cfg.train_size]
+        selection = head[len(train) : len(train) + cfg.selection_size]
+        return Splits(tuple(train), tuple(selection), tuple(heldout))
     from evora.lora.noise import noise_key
 
     shuffled = list(examples)

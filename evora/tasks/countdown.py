@@ -2,12 +2,15 @@
 the target. Reward 0.1 x format + 1.0 x correct (`rewards/countdown.py`).
 
 Problems come from a JSON/JSONL/parquet file of records with `numbers`, `target` and optionally
-`context` (the full prompt) and `solution`, as in the ES paper's countdown.json, or are
-generated (solvable by construction) when `task.data_path` is null.
+`context` (the full prompt, used verbatim) and `solution`, as in the ES paper's countdown.json
+(whose targets are strings, some of them non-integers: "27.4"), or are generated (solvable by
+construction) when `task.data_path` is null. `task.number_rule` and `task.answer_block` choose
+the scoring rules (`rewards/countdown.py`; the paper's by default).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any, ClassVar
 
@@ -65,9 +68,27 @@ def _check_record(record: dict[str, Any], where: str) -> dict[str, Any]:
     numbers, target = record["numbers"], record["target"]
     if not (isinstance(numbers, list) and numbers and all(type(n) is int for n in numbers)):
         raise DataError(f"{where}: 'numbers' must be a non-empty list of integers")
-    if type(target) is not int:
-        raise DataError(f"{where}: 'target' must be an integer")
+    if target_value(target) is None:
+        raise DataError(f"{where}: 'target' must be a number, or a string of one (got {target!r})")
     return record
+
+
+def target_value(target: Any) -> float | None:
+    """A target as the paper reads it (`float(target)`), or None when it is not a finite number."""
+    if isinstance(target, bool) or not isinstance(target, (int, float, str)):
+        return None
+    try:
+        value = float(target)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def target_text(target: Any) -> str:
+    """How a target reads in prompts and answers: as the data wrote it ("98", "27.4")."""
+    if isinstance(target, float) and target.is_integer():
+        return str(int(target))
+    return str(target)
 
 
 @register_task("countdown")
@@ -94,7 +115,7 @@ class CountdownTask:
 
     @staticmethod
     def _example(problem: dict[str, Any]) -> Example:
-        numbers, target = list(problem["numbers"]), int(problem["target"])
+        numbers, target = list(problem["numbers"]), target_text(problem["target"])
         solution = str(problem.get("solution", ""))
         return Example(
             INSTRUCTION.format(numbers=numbers, target=target),
@@ -109,7 +130,10 @@ class CountdownTask:
         # The prompt opens the think block, so the response is scored as if it began with it.
         opened = (example.rendered or example.prefix).endswith(THINK_OPEN)
         response = THINK_OPEN + completion if opened else completion
-        return countdown_reward(response, example.data["numbers"], example.data["target"])
+        return countdown_reward(response, *self._rules(example))
 
     def correct(self, completion: str, example: Example) -> bool:
-        return answer_score(completion, example.data["numbers"], example.data["target"]) == 1.0
+        return answer_score(completion, *self._rules(example)) == 1.0
+
+    def _rules(self, example: Example) -> tuple[list[int], str, str, str]:
+        return example.data["numbers"], example.data["target"], self.cfg.number_rule, self.cfg.answer_block

@@ -21,9 +21,20 @@ def test_default_is_the_quickstart():
 
 
 def test_paper_defaults_in_strategy_es():
-    run = compose_run(["model=qwen2_5_0_5b"])  # no tuning file: es.yaml as written
+    run = compose_run(["model=qwen2_5_0_5b", "strategy.antithetic=true"])
     assert (run.strategy.population, run.strategy.sigma, run.strategy.lr) == (30, 0.001, 5e-4)
     assert run.strategy.shaping == "zscore"
+
+
+@pytest.mark.parametrize("model", ["qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b", "llama3_2_1b"])
+def test_the_paper_countdown_setup_composes_for_each_of_its_models(model):
+    run = compose_run([f"model={model}", "task=countdown", "hardware=gpu"])
+    es, task = run.strategy, run.task
+    assert (es.population, es.sigma, es.lr, es.antithetic, es.shaping) == (30, 0.001, 5e-4, False, "zscore")
+    assert (task.train_size, task.eval_size, task.prompts_per_generation, task.max_tokens) == (200, 2000, 200, 1024)
+    assert (task.split, task.selection_size) == ("ordered", 0)
+    assert (task.number_rule, task.answer_block) == ("all_exactly_once", "last")
+    assert run.generations == 500
 
 
 DATA = Path(__file__).resolve().parents[1] / "data"

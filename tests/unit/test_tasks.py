@@ -70,12 +70,29 @@ def test_countdown_golden():
     assert t.reward("<answer>", e) == 0.0 and not t.correct("no answer", e)
 
 
-def test_countdown_paper_format_file():
-    t = task("countdown", data_path=str(DATA / "countdown_paper_format.json"), train_size=5, eval_size=1)
-    examples = t.splits().train + t.splits().heldout + t.splits().selection
-    assert all(e.rendered and e.rendered.endswith("<think>") for e in examples)
-    e = next(e for e in examples if e.data["target"] == 50)
-    assert t.reward("12*4 = 48</think>\n<answer>12 * 4 + 2</answer>", e) == pytest.approx(1.1)
+def test_countdown_paper_file_loads_and_scores():
+    """A file of the paper's countdown.json shape: string targets, some non-integer, its context prompt."""
+    records = json.loads((DATA / "countdown_paper.json").read_text())
+    t = task("countdown", data_path=str(DATA / "countdown_paper.json"), train_size=16, eval_size=4, split="ordered")
+    splits = t.splits()
+    examples = splits.train + splits.heldout
+    assert [e.rendered for e in examples] == [r["context"] for r in records]  # file order, prompts verbatim
+    assert any("." in r["target"] for r in records) and all(isinstance(r["target"], str) for r in records)
+    for record, example in zip(records, examples):
+        assert example.data["target"] == record["target"]
+        solved = f" work</think>\n<answer>{record['solution']}</answer>"
+        assert t.reward(solved, example) == pytest.approx(1.1) and t.correct(solved, example)
+        assert t.reward(" work</think>\n<answer>1</answer>", example) == pytest.approx(0.1)
+
+
+def test_ordered_split_takes_train_from_the_head_and_heldout_from_the_tail():
+    data = str(DATA / "countdown_paper.json")
+    splits = task("countdown", data_path=data, train_size=5, selection_size=2, eval_size=3, split="ordered").splits()
+    records = json.loads(Path(data).read_text())
+    contexts = [r["context"] for r in records]
+    assert [e.rendered for e in splits.train] == contexts[:5]
+    assert [e.rendered for e in splits.selection] == contexts[5:7]
+    assert [e.rendered for e in splits.heldout] == contexts[-3:]
 
 
 def test_generated_countdown_problems_are_solvable():
@@ -192,6 +209,9 @@ def test_malformed_json_array_names_the_line_of_the_record(tmp_path):
         task("countdown", data_path=str(path), train_size=1, eval_size=1).splits()
     path.write_text('[\n  {"numbers": [1, 2], "target": 3},\n  {"numbers": [1, 2], "target": }\n]\n')
     with pytest.raises(DataError, match=r"cd.json:3: invalid JSON"):
+        task("countdown", data_path=str(path), train_size=1, eval_size=1).splits()
+    path.write_text('[\n  {"numbers": [1, 2], "target": "3"},\n  {"numbers": [1, 2], "target": "three"}\n]\n')
+    with pytest.raises(DataError, match=r"cd.json:3: 'target' must be a number, or a string of one \(got 'three'\)"):
         task("countdown", data_path=str(path), train_size=1, eval_size=1).splits()
 
 
