@@ -84,6 +84,7 @@ class HardwareConfig:
     cpus_per_worker: float = 1.0
     cpu_threads_per_worker: int = 1
     driver_cpus: float = 0.0
+    driver_gpus: float = 0.0  # GPUs the driver actor reserves: gradient strategies (sft, grpo) train on it
     spread: bool = False  # place workers on as many nodes as possible (Ray's SPREAD)
     driver_restarts: int = 3  # a killed driver actor restarts from the last checkpoint this often
     worker_replacements: int = 8  # lost engine workers replaced per run (then the pool goes on smaller)

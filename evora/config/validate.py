@@ -196,6 +196,22 @@ def _check_strategy(run: RunConfig) -> None:
     )
     if entry.validate is not None:
         entry.validate(run.strategy, run)
+    _check_match(run.strategy)
+
+
+def _check_match(strategy: Any) -> None:
+    """strategy.match names a finished run (its summary carries the compute to match)."""
+    from evora.tracking.summary import read_summary
+
+    folder = getattr(strategy, "match", None)
+    if folder is not None:
+        require(Path(folder).is_dir(), "strategy.match", folder, "no such run folder")
+        require(
+            read_summary(folder) is not None,
+            "strategy.match",
+            folder,
+            "the run has no eval/summary.json (did it finish?)",
+        )
 
 
 def _check_engine(run: RunConfig) -> None:
@@ -251,6 +267,7 @@ def _check_hardware(run: RunConfig) -> None:
         hw.cpu_threads_per_worker >= 1, "hardware.cpu_threads_per_worker", hw.cpu_threads_per_worker, "must be >= 1"
     )
     require(hw.driver_cpus >= 0, "hardware.driver_cpus", hw.driver_cpus, "must be >= 0")
+    require(hw.driver_gpus >= 0, "hardware.driver_gpus", hw.driver_gpus, "must be >= 0")
     require(
         0 < hw.gpu_memory_utilization <= 1,
         "hardware.gpu_memory_utilization",

@@ -26,6 +26,7 @@ from evora.config.validate import check_split_sizes
 from evora.distributed.evaluate import candidate_matrices, chunks, evaluate_split, spend_of
 from evora.distributed.finish import Outcome, final_event, report_against_base, write_run_summary
 from evora.distributed.pool import WorkerPool
+from evora.distributed.training import training_context
 from evora.distributed.worker import UnitResult, WorkUnit, worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import RunError
@@ -35,13 +36,15 @@ from evora.lora.peft_io import save_adapter
 from evora.models import hub_access, locate_model
 from evora.models.parameters import count_parameters
 from evora.strategies import get_strategy
-from evora.strategies.protocol import BASE, CENTER, GenerationResults, StrategyContext, state_fields
+from evora.strategies.budget import budget_of
+from evora.strategies.protocol import BASE, CENTER, GenerationResults, StrategyContext, is_gradient, state_fields
 from evora.tasks import build_task
 from evora.tasks.fitness import parse_fitness
 from evora.tracking import checkpoint
-from evora.tracking.compute import ComputeLedger, Spend
+from evora.tracking.compute import ComputeLedger, Spend, usage_of_summary
 from evora.tracking.metrics import JsonlSink, MetricsSink, WandbSink
 from evora.tracking.run_dir import LINEAGE_FILE, config_dict, run_tag, write_config
+from evora.tracking.summary import read_summary
 
 
 @dataclass
@@ -108,6 +111,17 @@ def timing_sums(results: list[UnitResult]) -> dict[str, float]:
     return {f"seconds_{k}": float(sum(r.timings[k] for r in results)) for k in keys}
 
 
+def matched_usage(strategy_cfg: Any) -> dict[str, float] | None:
+    """The search usage of the run a strategy matches (strategy.match), from its summary."""
+    folder = getattr(strategy_cfg, "match", None)
+    if folder is None:
+        return None
+    summary = read_summary(folder)
+    if summary is None:
+        raise RunError(f"strategy.match={folder}: the run has no eval/summary.json (did it finish?)")
+    return usage_of_summary(summary["compute"])
+
+
 class Driver:
     def __init__(self, run: RunConfig, run_dir: str):
         self.run_cfg = run
@@ -137,6 +151,13 @@ class Driver:
         self.splits = build_task(run.task, run.seed).splits()
         check_split_sizes(run.task, self.splits)  # hub data is only seen here
         self._restore_or_init()
+        self.budget = budget_of(run.strategy, matched_usage(run.strategy))
+        self.stopping = self.budget is not None and self.budget.spent(self.ledger.search_usage())
+        self.training, self.scorer = None, None
+        if is_gradient(self.strategy):
+            self.training, self.scorer = training_context(
+                run, self.location.path, self.layout, self.splits, self.budget, self._spent_now
+            )
         self.sinks = self._open_sinks()
         completed = self.next_generation if self.resumed else -1
         self.lineage = JsonlSink(self.run_dir, completed, LINEAGE_FILE, lazy=True)
@@ -201,7 +222,7 @@ class Driver:
             yield {
                 "kind": "start",
                 "strategy": self.entry.name,
-                "generations": self.run_cfg.generations,
+                "generations": None if self.budget else self.run_cfg.generations,
                 "start": self.next_generation,
                 "workers": len(self.pool),
                 "base_heldout": self.base["reward"],
@@ -209,8 +230,10 @@ class Driver:
                 "adapter_parameters": self.layout.num_parameters(),
                 "setup_seconds": time.perf_counter() - start,
             }
-            for generation in range(self.next_generation, self.run_cfg.generations):
-                yield self._generation(generation)
+            self.done = self.next_generation
+            while not self._ended():
+                yield self._generation(self.done)
+                self.done += 1
             yield self._finish()
         finally:
             self._close()
@@ -229,6 +252,36 @@ class Driver:
 
     def _generation(self, generation: int) -> dict[str, Any]:
         started = time.perf_counter()
+        self._generation_started = started
+        search = self._train if self.training is not None else self._evolve
+        record, spend = search(generation)
+        searched = time.perf_counter()
+        done = generation + 1
+        if self.budget is not None:
+            self.stopping = self.budget.spent(self.ledger.search_usage(spend, searched - started))
+        eval_spend = Spend()
+        if self._eval_due(done):
+            heldout = self._evaluate("heldout", [CENTER], done, spend=eval_spend)[CENTER]
+            record.update(self._center_scores(done, heldout, eval_spend))
+        finished = time.perf_counter()
+        changes = self.pool.take_events()
+        record.update(
+            seconds=finished - started,
+            seconds_heldout=finished - searched,
+            workers=len(self.pool),
+            workers_lost=record.get("workers_lost", 0) + sum(c["event"] == "worker-lost" for c in changes),
+            workers_replaced=record.get("workers_replaced", 0) + sum(c["event"] == "worker-replaced" for c in changes),
+        )
+        self._account(record, spend, eval_spend, searched - started, finished - searched)
+        self._log(record)
+        self._checkpoint(done)
+        events = record.pop("pool_events", []) + changes
+        generations = None if self.budget else self.run_cfg.generations
+        return {"kind": "generation", **record, "generations": generations, "pool_events": events}
+
+    def _evolve(self, generation: int) -> tuple[dict[str, Any], Spend]:
+        """A population generation: ask, evaluate every candidate on the workers, tell."""
+        started = time.perf_counter()
         specs, payload = self.strategy.ask(self.state, generation)
         prompts = self._prompt_batch(generation)
         units = [
@@ -245,10 +298,8 @@ class Driver:
         self.state = told.state
         for member in told.lineage:
             self.lineage.log(member)
-        updated = time.perf_counter()
-        done = generation + 1
         record: dict[str, Any] = {
-            "generation": done,
+            "generation": generation + 1,
             **spread("reward", generation_results.rewards.mean(axis=1)),
             "accuracy_mean": float(generation_results.correct.mean()),
             "fitness_invalid": invalid,
@@ -256,30 +307,41 @@ class Driver:
         }
         if self.fitness.text != "reward":
             record.update(spread("fitness", generation_results.fitness))
-        eval_spend = Spend()
-        if self._eval_due(done):
-            heldout = self._evaluate("heldout", [CENTER], done, spend=eval_spend)[CENTER]
-            record.update(self._center_scores(done, heldout, eval_spend))
-        finished = time.perf_counter()
         record.update(
             tokens=int(generation_results.tokens.sum()),
             tokens_per_second=generation_results.tokens.sum() / max(evaluated - started, 1e-9),
             reward_errors=sum(r.reward_errors for r in results),
             reward_timeouts=sum(r.reward_timeouts for r in results),
-            seconds=finished - started,
             seconds_evaluate=evaluated - started,
-            seconds_update=updated - evaluated,
-            seconds_heldout=finished - updated,
+            seconds_update=time.perf_counter() - evaluated,
             **timing_sums(results),
             worker_rss_mb={str(r.worker): r.rss_mb for r in results},
-            workers=len(self.pool),
             workers_lost=sum(c["event"] == "worker-lost" for c in changes),
             workers_replaced=sum(c["event"] == "worker-replaced" for c in changes),
+            pool_events=changes,
         )
-        self._account(record, spend_of(results), eval_spend, updated - started, finished - updated)
-        self._log(record)
-        self._checkpoint(done)
-        return {"kind": "generation", **record, "generations": self.run_cfg.generations, "pool_events": changes}
+        return record, spend_of(results)
+
+    def _train(self, generation: int) -> tuple[dict[str, Any], Spend]:
+        """A gradient generation: the strategy trains on the driver; the loop evaluates as for any strategy."""
+        started = time.perf_counter()
+        told = self.strategy.improve(self.state, generation, self.training)
+        check_finite_center(generation + 1, self.strategy.center(told.state), self.run_cfg.strategy)
+        self.state = told.state
+        spend = Spend(**told.spend)
+        return {"generation": generation + 1, **told.stats, "seconds_train": time.perf_counter() - started}, spend
+
+    def _spent_now(self, spend: dict[str, int]) -> bool:
+        """Budget check inside a generation: the ledger, plus this generation's spend and time so far."""
+        if self.budget is None:
+            return False
+        elapsed = time.perf_counter() - self._generation_started
+        return self.budget.spent(self.ledger.search_usage(Spend(**spend), elapsed))
+
+    def _ended(self) -> bool:
+        if self.budget is not None:
+            return self.stopping
+        return self.done >= self.run_cfg.generations
 
     def _results(
         self, generation: int, prompts: tuple[int, ...], results: list[UnitResult], population: int
@@ -325,7 +387,7 @@ class Driver:
 
     def _finish(self) -> dict[str, Any]:
         started = time.perf_counter()
-        done, center_name = self.run_cfg.generations, self.entry.center or "final"
+        done, center_name = self.done, self.entry.center or "final"
         center = self.strategy.center(self.state)
         adapters = self.run_dir / "adapters"
         save_adapter(adapters / center_name, center, self.layout)
@@ -371,6 +433,8 @@ class Driver:
         pool = getattr(self, "pool", None)
         if pool is not None:
             pool.shutdown()
+        if getattr(self, "scorer", None) is not None:
+            self.scorer.close()
         sweep_run_scratch(self.run_cfg.engine.adapter_dir, self.run_tag)
         for sink in [*getattr(self, "sinks", []), *filter(None, [getattr(self, "lineage", None)])]:
             sink.close()
@@ -379,7 +443,8 @@ class Driver:
 
     def _eval_due(self, done: int) -> bool:
         every = self.run_cfg.eval_every
-        return done == self.run_cfg.generations or (every > 0 and done % every == 0)
+        last = self.stopping if self.budget is not None else done == self.run_cfg.generations
+        return last or (every > 0 and done % every == 0)
 
     def _prompt_batch(self, generation: int) -> tuple[int, ...]:
         """The generation's training prompts: a pure function of (seed, generation)."""

@@ -38,6 +38,7 @@ def launch(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], No
         ray.remote(Driver)
         .options(
             num_cpus=run.hardware.driver_cpus,
+            num_gpus=run.hardware.driver_gpus,
             max_restarts=run.hardware.driver_restarts,
             name=driver_name(run_dir),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),

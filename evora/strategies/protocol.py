@@ -7,19 +7,26 @@
 A candidate never crosses the network as weights: it is a spec a worker rebuilds exactly
 from the generation's payload. State is a dataclass of tensors, numbers, strings and
 lists of them, so a checkpoint stores it as it is (`state_fields` / `state_from_fields`).
+
+A gradient strategy (SFT, GRPO) has no population: each generation it improves its state
+itself, on the driver, from a `TrainingContext`, and the loop evaluates its center like any
+other strategy's:
+
+    told = strategy.improve(state, generation, context)   # told.spend: the tokens it processed
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 import numpy as np
 import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
+from evora.tasks.base import Example
 
 PERTURB = "perturb"  # payload + seeded noise
 CENTER = "center"  # the evaluation payload's adapter
@@ -84,6 +91,28 @@ class Told:
     state: Any
     stats: dict[str, float]
     lineage: list[dict[str, Any]] = field(default_factory=list)
+    spend: dict[str, int] = field(default_factory=dict)  # gradient strategies: tokens_prompt/generated/scored/trained
+
+
+@dataclass(frozen=True)
+class TrainingContext:
+    """What a gradient strategy trains from, built on the driver: the train split rendered
+    as the engines see it, the task's bounded reward, and the budget check."""
+
+    seed: int
+    layout: AdapterLayout
+    model_path: str
+    train: tuple[Example, ...]
+    prompt_text: Callable[[Example], str]  # the prompt as text, exactly as the engines see it
+    prompt_ids: Callable[[Example], list[int]]
+    special_tokens: bool  # whether prompt_text is tokenized with the tokenizer's special tokens (no chat template)
+    target_ids: Callable[[Example], list[int]]  # the reference completion, ended by EOS
+    pad_id: int
+    rewards: Callable[[list[str], list[int]], list[float]]  # (completions, train indices) -> rewards
+    spent: Callable[[dict[str, int]], bool]  # whether the run's budget is used up, given this call's spend
+    device: str  # cpu | cuda
+    max_tokens: int  # the task's completion budget (task.max_tokens)
+    planned_steps: int  # the run's optimizer steps (generations x steps per generation), for schedules
 
 
 class Strategy(Protocol):
@@ -101,6 +130,21 @@ class Strategy(Protocol):
 
     def center(self, state: Any) -> Tensors:
         """The adapter the state stands for (ES: the mean), for evaluation and export."""
+
+
+class GradientStrategy(Protocol):
+    state_type: ClassVar[type]
+
+    def initial_state(self, context: StrategyContext) -> Any: ...
+
+    def improve(self, state: Any, generation: int, context: TrainingContext) -> Told:
+        """One generation of training (ending early once `context.spent(...)`); Told.spend counts its tokens."""
+
+    def center(self, state: Any) -> Tensors: ...
+
+
+def is_gradient(strategy: Any) -> bool:
+    return callable(getattr(strategy, "improve", None))
 
 
 def materialise(strategy: Strategy | None, payload: Any, spec: Any) -> Tensors | None:

@@ -23,6 +23,9 @@ class Spend:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
+    def tokens(self) -> int:
+        return self.tokens_prompt + self.tokens_generated + self.tokens_scored + self.tokens_trained
+
     def flops(self, parameters: int) -> dict[str, float]:
         inference = 2.0 * parameters * (self.tokens_prompt + self.tokens_generated + self.tokens_scored)
         training = 6.0 * parameters * self.tokens_trained
@@ -43,6 +46,17 @@ class ComputeLedger:
 
     def search_flops(self) -> float:
         return self.search.flops(self.parameters)["flops"]
+
+    def search_usage(self, extra: Spend | None = None, seconds: float = 0.0) -> dict[str, float]:
+        """The search so far (plus `extra` and `seconds` not yet booked) by each budget measure."""
+        spend = Spend(**asdict(self.search))
+        if extra is not None:
+            spend.add(extra)
+        return {
+            "flops": spend.flops(self.parameters)["flops"],
+            "tokens": float(spend.tokens()),
+            "seconds": self.seconds.get("search", 0.0) + seconds,
+        }
 
     def add_seconds(self, phase: str, seconds: float) -> None:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
@@ -67,3 +81,10 @@ class ComputeLedger:
     @classmethod
     def from_state(cls, data: dict) -> "ComputeLedger":
         return cls(int(data["parameters"]), Spend(**data["search"]), Spend(**data["evaluation"]), dict(data["seconds"]))
+
+
+def usage_of_summary(compute: dict) -> dict[str, float]:
+    """A finished run's search usage by each budget measure, from its summary's `compute`."""
+    search = compute["search"]
+    tokens = sum(search[f.name] for f in fields(Spend))
+    return {"flops": float(search["flops"]), "tokens": float(tokens), "seconds": float(compute["seconds"]["search"])}

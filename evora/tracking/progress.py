@@ -16,11 +16,15 @@ def generation_line(s: dict[str, Any], extra: tuple[tuple[str, str], ...] = ()) 
     """One generation; `extra` are the strategy's own (metrics key, label) pairs (its registry entry)."""
     heldout = f"  held-out {_fmt(s['heldout_reward'])}" if s.get("heldout_reward") is not None else ""
     own = "".join(f"  {label} {_fmt(s[key])}" for key, label in extra if s.get(key) is not None)
-    return (
-        f"gen {s['generation']:>4}/{s['generations']}  reward {_fmt(s['reward_mean'])} "
+    of = f"/{s['generations']}" if s.get("generations") else ""  # a budget ends the run: no known total
+    population = (  # gradient strategies have no population to summarise
+        f"  reward {_fmt(s['reward_mean'])} "
         f"[p20 {_fmt(s['reward_p20'])} p80 {_fmt(s['reward_p80'])} max {_fmt(s['reward_max'])}]"
-        f"{heldout}{own}  {s['seconds']:.1f}s  {s['tokens_per_second']:,.0f} tok/s"
+        if "reward_mean" in s
+        else ""
     )
+    speed = f"  {s['tokens_per_second']:,.0f} tok/s" if "tokens_per_second" in s else ""
+    return f"gen {s['generation']:>4}{of}{population}{heldout}{own}  {s['seconds']:.1f}s{speed}"
 
 
 def pool_line(change: dict[str, Any]) -> str:

@@ -1,0 +1,69 @@
+"""What the driver gives a gradient strategy (SFT, GRPO): the train split rendered exactly
+as the engine workers render it, the task's reward through the same bounded scoring as
+every strategy (`tasks/reward_pool.py`), the budget check, and the device it may train on
+(a GPU when Ray gave the driver one: hardware.driver_gpus)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import ray
+
+from evora.config.schema import RunConfig
+from evora.distributed.worker import engine_spec, load_tokenizer
+from evora.lora.layout import AdapterLayout
+from evora.strategies.budget import Budget
+from evora.strategies.protocol import TrainingContext
+from evora.tasks import build_task
+from evora.tasks.base import Splits
+from evora.tasks.prompts import PromptRenderer
+from evora.tasks.reward_pool import Scorer, reward_scorer
+
+UNPLANNED_STEPS = 10**9  # a budget ends the run: schedules see no end (constant after warm-up)
+
+
+def training_context(
+    run: RunConfig,
+    model_path: str,
+    layout: AdapterLayout,
+    splits: Splits,
+    budget: Budget | None,
+    spent: Callable[[dict[str, int]], bool],
+) -> tuple[TrainingContext, Scorer]:
+    """The context, and the reward scorer behind it (the caller closes it)."""
+    task = build_task(run.task, run.seed)
+    tokenizer = load_tokenizer(engine_spec(run, model_path))
+    renderer = PromptRenderer(tokenizer, run.task.prompt_format, task.plain_template, run.task.system_prompt)
+    scorer = reward_scorer(task, run.task, run.seed)
+    train = splits.train
+
+    def rewards(completions: list[str], indices: list[int]) -> list[float]:
+        return scorer.score(completions, [train[i] for i in indices]).rewards
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    steps = getattr(run.strategy, "steps_per_generation", 1)
+    context = TrainingContext(
+        seed=run.seed,
+        layout=layout,
+        model_path=model_path,
+        train=train,
+        prompt_text=renderer.text,
+        prompt_ids=renderer.ids,
+        special_tokens=not renderer.chat,
+        target_ids=renderer.target_ids,
+        pad_id=pad,
+        rewards=rewards,
+        spent=spent,
+        device="cuda" if _has_gpu() else "cpu",
+        max_tokens=run.task.max_tokens,
+        planned_steps=UNPLANNED_STEPS if budget is not None else run.generations * steps,
+    )
+    return context, scorer
+
+
+def _has_gpu() -> bool:
+    return ray.is_initialized() and bool(ray.get_gpu_ids())
+
+
+def usage_line(budget: Budget, usage: dict[str, Any]) -> str:
+    return f"{budget.source}: {usage[budget.measure]:.4g} of {budget.limit:.4g} {budget.measure}"

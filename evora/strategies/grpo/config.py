@@ -1,0 +1,63 @@
+"""strategy=grpo: its config schema and the rules checked before Ray starts.
+
+Defaults are the ES paper's GRPO baseline (its baselines/README.md, run with GRPO-Zero):
+group size 30 (= the ES population), 2 questions per step, learning rate 1e-5, AdamW
+betas (0.9, 0.999), weight decay 0, gradient clipping 1.0, no KL term, sampling at
+temperature 1. Deviation, by design: the paper trains every weight; evora trains a LoRA
+adapter (so a learning rate of 1e-5 moves it slowly; raise it for LoRA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from evora.strategies.budget import BudgetFields, check_budget
+from evora.strategies.checks import choice, require
+
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
+
+
+@dataclass(frozen=True)
+class GRPOConfig(BudgetFields):
+    name: str = "grpo"
+    learning_rate: float = 1.0e-5  # AdamW learning rate (constant)
+    num_generations: int = 30  # group size G: completions sampled per prompt
+    prompts_per_step: int = 2  # distinct prompts per optimizer step
+    steps_per_generation: int = 1  # optimizer steps per generation (held-out every eval_every generations)
+    beta: float = 0.0  # KL coefficient to the base model (0: no reference model, as GRPO-Zero)
+    epsilon: float = 0.2  # PPO-style clip range of the ratio (one update per batch: the ratio is 1)
+    temperature: float = 1.0  # sampling temperature of the group's completions
+    max_grad_norm: float = 1.0  # gradient clipping
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    loss_type: str = "dapo"  # TRL's loss normalisation: dapo (per token over the batch) | grpo | dr_grpo | bnpo
+    micro_batches: int = 1  # gradient accumulation: a step's completions in this many forward/backward passes
+    dropout: float = 0.0  # LoRA dropout
+
+
+def check_grpo(cfg: GRPOConfig, run: Any) -> None:
+    for key in ("num_generations", "prompts_per_step", "steps_per_generation", "micro_batches"):
+        require(getattr(cfg, key) >= 1, f"strategy.{key}", getattr(cfg, key), "must be an integer >= 1")
+    require(cfg.num_generations >= 2, "strategy.num_generations", cfg.num_generations, "must be >= 2 (a group)")
+    completions = cfg.num_generations * cfg.prompts_per_step
+    require(
+        completions % cfg.micro_batches == 0,
+        "strategy.micro_batches",
+        cfg.micro_batches,
+        f"must divide num_generations x prompts_per_step ({completions})",
+    )
+    require(
+        cfg.prompts_per_step <= run.task.train_size,
+        "strategy.prompts_per_step",
+        cfg.prompts_per_step,
+        f"must be <= task.train_size ({run.task.train_size})",
+    )
+    require(cfg.learning_rate > 0, "strategy.learning_rate", cfg.learning_rate, "must be > 0")
+    require(cfg.beta >= 0, "strategy.beta", cfg.beta, "must be >= 0")
+    require(cfg.epsilon > 0, "strategy.epsilon", cfg.epsilon, "must be > 0")
+    require(cfg.temperature > 0, "strategy.temperature", cfg.temperature, "must be > 0")
+    require(cfg.max_grad_norm > 0, "strategy.max_grad_norm", cfg.max_grad_norm, "must be > 0")
+    require(cfg.weight_decay >= 0, "strategy.weight_decay", cfg.weight_decay, "must be >= 0")
+    require(0 <= cfg.dropout < 1, "strategy.dropout", cfg.dropout, "must be in [0, 1)")
+    choice("strategy.loss_type", cfg.loss_type, LOSS_TYPES)
+    check_budget(cfg)

@@ -1,0 +1,19 @@
+"""strategy=sft: LoRA supervised fine-tuning on the task's reference answers, a baseline
+on the same contract (held-out every eval_every, selection, best-vs-base), optionally to a
+compute budget or matched to another run (`strategy.match=<run dir>`)."""
+
+from evora.strategies.registry import register_strategy
+from evora.strategies.sft.config import SFTConfig, check_sft
+from evora.strategies.sft.strategy import SFTState, SupervisedFineTuning
+
+register_strategy(
+    "sft",
+    config=SFTConfig,
+    summary="LoRA supervised fine-tuning on the reference answers (a baseline; budgets, match=<run>)",
+    validate=check_sft,
+    center="trained",
+    report_keys=("learning_rate", "steps_per_generation", "batch_size", "budget_flops", "match"),
+    console_keys=(("loss", "loss"),),
+)(SupervisedFineTuning)
+
+__all__ = ["SFTConfig", "SFTState", "SupervisedFineTuning"]

@@ -1,0 +1,158 @@
+"""GRPO through TRL on the bundled tiny model, on the CPU: chunks continue one run, a rebuild
+from adapter() + state() continues it exactly, the reward sees the right prompts, and the
+token counters add up."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import replace
+
+import pytest
+import torch
+
+from evora.training.grpo import GRPOSettings, LoraGRPO, LoraSpec, prompt_order
+
+PROMPTS = ["12+34=", "5+7=", "40+2=", "9+9=", "33+21="]
+LORA = LoraSpec(rank=2, alpha=4, target_modules=("q_proj", "v_proj"))
+SETTINGS = GRPOSettings(
+    learning_rate=1e-2,
+    num_generations=4,
+    prompts_per_step=2,
+    beta=0.0,
+    max_completion_length=8,
+    temperature=1.0,
+    epsilon=0.2,
+    max_grad_norm=1.0,
+    weight_decay=0.0,
+    seed=0,
+)
+
+
+class Reward:
+    """A reward that differs between completions (so groups have advantages), recording its calls."""
+
+    def __init__(self, constant: float | None = None):
+        self.constant, self.calls = constant, []
+
+    def __call__(self, completions: list[str], index: list[int]) -> list[float]:
+        self.calls.append(list(index))
+        if self.constant is not None:
+            return [self.constant] * len(completions)
+        return [(zlib.crc32(c.encode()) % 5) / 4 for c in completions]
+
+
+def make(tiny_path: str, reward: Reward | None = None, **kwargs) -> LoraGRPO:
+    settings = replace(SETTINGS, **kwargs.pop("settings", {}))
+    return LoraGRPO(tiny_path, LORA, settings, PROMPTS, reward or Reward(), **kwargs)
+
+
+def b_tensors(adapter: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    return [v for k, v in adapter.items() if "lora_B" in k]
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def four_steps(tiny_path):
+    """One uninterrupted 4-step run: the reference that chunked and rebuilt runs must match."""
+    reward = Reward()
+    trainer = make(tiny_path, reward)
+    stats = trainer.train(4)
+    return trainer, stats, reward
+
+
+def test_one_chunk_trains_the_adapter_and_counts_tokens(four_steps):
+    trainer, stats, reward = four_steps
+    assert stats["steps"] == 4 and trainer.step == 4
+    assert {"loss", "reward", "entropy", "grad_norm"} <= stats.keys()
+    assert all(b.abs().sum() > 0 for b in b_tensors(trainer.adapter()))  # PEFT starts B at 0
+    s = SETTINGS
+    assert 0 < trainer.tokens_generated <= 4 * s.prompts_per_step * s.num_generations * s.max_completion_length
+    assert trainer.tokens_prompt > 0
+    # each completion row is trained once, with its prompt; no forward-only pass without beta
+    assert trainer.tokens_trained == trainer.tokens_prompt + trainer.tokens_generated
+    assert trainer.tokens_scored == 0
+
+
+def test_the_reward_sees_each_steps_prompts_once_per_completion(four_steps):
+    _, _, reward = four_steps
+    assert len(reward.calls) == 4  # one generation per optimizer step
+    expected = prompt_order(len(PROMPTS), SETTINGS.prompts_per_step, SETTINGS.seed, 0, 4)
+    g = SETTINGS.num_generations
+    for step, call in enumerate(reward.calls):
+        prompts = expected[step * 2 : step * 2 + 2]
+        assert call == [i for i in prompts for _ in range(g)]
+        assert all(0 <= i < len(PROMPTS) for i in call)
+    # a pass over the prompts before any repeats, across chunk boundaries
+    assert sorted(expected[:5]) == list(range(5))
+
+
+def test_chunks_and_a_rebuild_continue_the_same_run(tiny_path, four_steps):
+    reference = four_steps[0].adapter()
+    reward = Reward()
+    chunked = make(tiny_path, reward)
+    assert chunked.train(2)["steps"] == 2
+    assert chunked.train(2)["steps"] == 2 and chunked.step == 4
+    assert same(chunked.adapter(), reference)  # the prompt order and optimizer carried over
+    assert reward.calls == four_steps[2].calls
+
+    first = make(tiny_path)
+    first.train(2)
+    state = first.state()
+    rebuilt = make(tiny_path, adapter=first.adapter(), optimizer_state=state["optimizer"], step=state["step"])
+    assert rebuilt.train(2)["steps"] == 2 and rebuilt.step == 4
+    assert same(rebuilt.adapter(), reference)
+
+
+def test_a_constant_reward_gives_no_advantage_and_no_update(tiny_path):
+    trainer = make(tiny_path, Reward(constant=1.0))
+    start = trainer.adapter()
+    stats = trainer.train(2)
+    assert stats["steps"] == 2 and stats["reward"] == 1.0
+    after = trainer.adapter()
+    assert all(torch.count_nonzero(b) == 0 for b in b_tensors(after))
+    assert same(after, start)  # zero gradients: AdamW moves nothing (no weight decay here)
+
+
+def test_stop_ends_a_chunk_and_the_callers_rng_is_left_alone(tiny_path):
+    trainer = make(tiny_path)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    stats = trainer.train(3, stop=lambda: True)
+    assert torch.equal(torch.rand(3), expected)
+    assert stats["steps"] == 1 and trainer.step == 1
+    assert trainer.train(2, stop=lambda: False)["steps"] == 2 and trainer.step == 3
+
+
+def test_beta_adds_a_reference_pass_and_logs_kl(tiny_path):
+    trainer = make(tiny_path, settings={"beta": 0.1})
+    stats = trainer.train(1)
+    assert "kl" in stats and stats["kl"] >= 0
+    assert trainer.tokens_scored == trainer.tokens_trained > 0  # the base model scores what the policy trains on
+
+
+def test_micro_batches_split_one_generation(tiny_path):
+    reward = Reward()
+    trainer = make(tiny_path, reward, settings={"micro_batches": 2})
+    assert trainer.train(1)["steps"] == 1
+    assert [len(c) for c in reward.calls] == [SETTINGS.prompts_per_step * SETTINGS.num_generations]
+    assert trainer.tokens_trained == trainer.tokens_prompt + trainer.tokens_generated
+    with pytest.raises(ValueError, match="micro_batches"):
+        make(tiny_path, settings={"micro_batches": 3})
+
+
+def test_a_fresh_adapter_is_seeded(tiny_path):
+    a, b = make(tiny_path).adapter(), make(tiny_path).adapter()
+    c = make(tiny_path, settings={"seed": 1}).adapter()
+    assert same(a, b) and not same(a, c)
+
+
+def test_chat_templated_prompts_get_no_second_bos(tiny_path):
+    with_bos, without = make(tiny_path), make(tiny_path, special_tokens=False)
+    with_bos.train(1)
+    without.train(1)
+    rows = SETTINGS.prompts_per_step * SETTINGS.num_generations
+    assert with_bos.tokens_prompt - without.tokens_prompt == rows  # one BOS per generated row
