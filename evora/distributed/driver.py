@@ -37,7 +37,16 @@ from evora.models import hub_access, locate_model
 from evora.models.parameters import count_parameters
 from evora.strategies import get_strategy
 from evora.strategies.budget import budget_of
-from evora.strategies.protocol import BASE, CENTER, GenerationResults, StrategyContext, is_gradient, state_fields
+from evora.strategies.protocol import (
+    BASE,
+    CENTER,
+    GenerationResults,
+    StrategyContext,
+    Told,
+    is_gradient,
+    state_fields,
+    trains_on_driver,
+)
 from evora.tasks import build_task
 from evora.tasks.fitness import parse_fitness
 from evora.tracking import checkpoint
@@ -154,7 +163,7 @@ class Driver:
         self.budget = budget_of(run.strategy, matched_usage(run.strategy))
         self.stopping = self.budget is not None and self.budget.spent(self.ledger.search_usage())
         self.training, self.scorer = None, None
-        if is_gradient(self.strategy):
+        if trains_on_driver(self.strategy):
             self.training, self.scorer = training_context(
                 run, self.location.path, self.layout, self.splits, self.budget, self._spent_now
             )
@@ -253,7 +262,7 @@ class Driver:
     def _generation(self, generation: int) -> dict[str, Any]:
         started = time.perf_counter()
         self._generation_started = started
-        search = self._train if self.training is not None else self._evolve
+        search = self._train if is_gradient(self.strategy) else self._evolve
         record, spend = search(generation)
         searched = time.perf_counter()
         done = generation + 1
@@ -294,6 +303,9 @@ class Driver:
         generation_results, invalid = self._results(generation, prompts, results, len(specs))
         check_some_fitness(generation + 1, invalid, len(specs), self.run_cfg.strategy)
         told = self.strategy.tell(self.state, specs, generation_results)
+        refined = self.strategy.refine(told.state, generation, self.training) if self.training else None
+        if refined is not None:  # memetic: the elite got gradient steps
+            told = Told(refined.state, {**told.stats, **refined.stats}, told.lineage + refined.lineage, refined.spend)
         check_finite_center(generation + 1, self.strategy.center(told.state), self.run_cfg.strategy)
         self.state = told.state
         for member in told.lineage:
@@ -320,7 +332,9 @@ class Driver:
             workers_replaced=sum(c["event"] == "worker-replaced" for c in changes),
             pool_events=changes,
         )
-        return record, spend_of(results)
+        spend = spend_of(results)
+        spend.add(Spend(**told.spend))
+        return record, spend
 
     def _train(self, generation: int) -> tuple[dict[str, Any], Spend]:
         """A gradient generation: the strategy trains on the driver; the loop evaluates as for any strategy."""

@@ -40,6 +40,7 @@ class SplitOutcome:
     tokens: np.ndarray
     perplexity: np.ndarray | None
     texts: list[str] | None
+    kl: np.ndarray | None = None  # per example: mean per-token KL of the completion from the base model
 
     def metrics(self) -> dict[str, float]:
         out = {
@@ -49,6 +50,8 @@ class SplitOutcome:
         }
         if self.perplexity is not None:
             out["perplexity"] = float(self.perplexity.mean())
+        if self.kl is not None:
+            out["kl"] = float(self.kl.mean())
         return out
 
 
@@ -66,9 +69,14 @@ def evaluate_split(
     spend: Spend | None = None,
 ) -> dict[str, SplitOutcome]:
     """Outcomes per op (BASE, CENTER) on the first `size` examples of `split`; `layout`
-    describes theta when it is not the pool's layout; the compute is added to `spend`."""
+    describes theta when it is not the pool's layout; the compute is added to `spend`.
+    Every held-out evaluation also measures the KL divergence of each op's completions from
+    the base model (the engine's estimator: exact with hf, top-k with vLLM; 0 for BASE)."""
     specs = tuple(CandidateSpec(generation, i, op=op) for i, op in enumerate(ops))
-    units = [WorkUnit(specs, split, tuple(c), keep_texts, perplexity) for c in chunks(list(range(size)), EVAL_CHUNK)]
+    kl = split == "heldout"
+    units = [
+        WorkUnit(specs, split, tuple(c), keep_texts, perplexity, kl=kl) for c in chunks(list(range(size)), EVAL_CHUNK)
+    ]
     results = pool.run(ray.put(EvalPayload(theta, layout)), units)
     if spend is not None:
         spend.add(spend_of(results))
@@ -80,6 +88,7 @@ def evaluate_split(
             tokens=np.concatenate([r.tokens[row] for r in results]),
             perplexity=np.concatenate([r.perplexity[row] for r in results]) if perplexity else None,
             texts=[t for r in results for t in r.texts[row]] if keep_texts else None,
+            kl=np.concatenate([r.kl[row] for r in results]) if kl else None,
         )
     return outcomes
 

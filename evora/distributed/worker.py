@@ -4,7 +4,8 @@ A unit is a few candidate specs and prompt indices. The worker rebuilds each can
 from the generation's payload (fetched once from the object store) and its spec,
 writes it to tmpfs under a fresh LoRA id, runs one batched `generate` over every
 (candidate, prompt) pair, scores the completions with the task's reward and returns
-numbers only: rewards, token counts, timings, memory.
+numbers only: rewards, token counts, timings, memory (and, when the unit asks, the
+reference completions' perplexity and the completions' KL divergence from the base model).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import psutil
 import torch
 
 from evora.config.schema import RunConfig, TaskConfig
-from evora.engines import EngineSpec, create_engine
+from evora.engines import AdapterRef, Completion, EngineSpec, create_engine
 from evora.engines.adapter_store import AdapterScratch
 from evora.lora.layout import AdapterLayout
 from evora.strategies import get_strategy
@@ -57,6 +58,7 @@ class WorkUnit:
     prompt_indices: tuple[int, ...]
     keep_texts: bool = False
     perplexity: bool = False  # also score the reference completions (teacher forcing)
+    kl: bool = False  # also the per-token KL(adapter || base) along each adapter's completions
 
 
 @dataclass
@@ -73,8 +75,9 @@ class UnitResult:
     worker: int
     rss_mb: float
     tokens_prompt: int = 0  # prompt tokens prefilled for generation
-    tokens_scored: int = 0  # prompt + reference tokens run through for perplexity
+    tokens_scored: int = 0  # prompt + reference tokens run through for perplexity, + the KL's forwards
     perplexity: np.ndarray | None = None
+    kl: np.ndarray | None = None  # mean per-token KL of each completion to the base model; 0 for BASE rows
     texts: list[list[str]] | None = None
 
 
@@ -207,6 +210,8 @@ class EngineWorker:
             logprobs = self.engine.score(pairs_prompts, [t for _ in refs for t in targets], pairs_adapters)
             ppl = np.array([perplexity(lp) for lp in logprobs], dtype=np.float64).reshape(len(refs), n)
             tokens_scored = len(refs) * sum(len(p) + len(t) for p, t in zip(prompts, targets))
+        perplexity_done = time.perf_counter()
+        kl, tokens_kl = self.kl_to_base(pairs_prompts, completions, pairs_adapters) if unit.kl else (None, 0)
         loaded = [r for r in refs if r is not None]
         self.engine.release(loaded)
         self.scratch.remove(loaded)
@@ -221,15 +226,34 @@ class EngineWorker:
                 "materialise": materialised - start,
                 "generate": generated - materialised,
                 "reward": scored - generated,
-                "perplexity": time.perf_counter() - scored,
+                "perplexity": perplexity_done - scored,
+                "kl": time.perf_counter() - perplexity_done,
             },
             worker=self.index,
             rss_mb=process_tree_rss_mb(),
             tokens_prompt=len(refs) * sum(map(len, prompts)),
-            tokens_scored=tokens_scored,
+            tokens_scored=tokens_scored + tokens_kl,
             perplexity=ppl,
+            kl=None if kl is None else kl.reshape(len(refs), n),
             texts=[[c.text for c in row] for row in rows] if unit.keep_texts else None,
         )
+
+    def kl_to_base(
+        self, prompts: list[list[int]], completions: list[Completion], adapters: list[AdapterRef | None]
+    ) -> tuple[np.ndarray, int]:
+        """Mean per-token KL(adapter || base) of each completion (0.0 for base rows and empty
+        completions), and the tokens it ran: prompt + completion, once with the adapter and
+        once without."""
+        rows = [i for i, a in enumerate(adapters) if a is not None]
+        per_token = self.engine.kl_to_base(
+            [prompts[i] for i in rows], [list(completions[i].token_ids) for i in rows], [adapters[i] for i in rows]
+        )
+        kl = np.zeros(len(prompts), dtype=np.float64)
+        for i, values in zip(rows, per_token):
+            kl[i] = float(np.mean(values)) if values else 0.0
+        # Engines skip empty completions: nothing was run for them.
+        tokens = 2 * sum(len(prompts[i]) + len(completions[i].token_ids) for i in rows if completions[i].token_ids)
+        return kl, tokens
 
     def shutdown(self) -> None:
         self.rewards.close()

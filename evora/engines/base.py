@@ -23,6 +23,7 @@ class AdapterRef:
 class Completion:
     text: str
     num_tokens: int
+    token_ids: tuple[int, ...] = ()  # the generated ids (EOS included when generated): KL is taken on them
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,18 @@ class Engine(Protocol):
         self, prompts: Sequence[list[int]], targets: Sequence[list[int]], adapters: Sequence[AdapterRef | None]
     ) -> list[list[float]]:
         """Log-probability of each token of targets[i] following prompts[i] (teacher forcing)."""
+
+    def kl_to_base(
+        self,
+        prompts: Sequence[list[int]],
+        completions: Sequence[list[int]],
+        adapters: Sequence[AdapterRef | None],
+    ) -> list[list[float]]:
+        """Per-token KL(adapter || base) along completions[i] after prompts[i] (teacher forcing):
+        at each completion position, sum over the vocabulary of p_a * (log p_a - log p_b) of the
+        next-token distributions under adapters[i] and under the base model. One value per
+        completion token; a row whose adapter is None is all zeros. Each engine says in its
+        docstring how exactly it computes the sum (hf: exact; vLLM: top-k estimate)."""
 
     def release(self, adapters: Sequence[AdapterRef]) -> None:
         """Drop adapters from the engine's caches."""

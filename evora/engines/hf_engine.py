@@ -1,5 +1,9 @@
 """transformers + PEFT: the reference engine for parity tests, and the fallback where
-vLLM cannot run. One adapter at a time, its prompts batched (greedy)."""
+vLLM cannot run. One adapter at a time, its prompts batched (greedy).
+
+`kl_to_base` is exact: two teacher-forced forwards (adapter on, adapter disabled) and the
+full-vocabulary sum of p_a * (log p_a - log p_b) from fp32 log-softmaxes at each
+completion position."""
 
 from __future__ import annotations
 
@@ -24,6 +28,15 @@ def pad(rows: Sequence[list[int]], value: int, left: bool) -> tuple[torch.Tensor
         ids[i, span] = torch.tensor(row, dtype=torch.long)
         mask[i, span] = 1
     return ids, mask
+
+
+def exact_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) per row of [positions, vocab] log-probabilities: sum of p * (log p - log q)."""
+    p = logp.exp()
+    # 0 * log 0 = 0: a token p cannot emit adds nothing (and must not add nan from -inf - -inf).
+    terms = torch.where(p > 0, p * (logp - logq), torch.zeros_like(p))
+    # KL >= 0; fp32 summation over the vocabulary can land a hair below 0 when p = q.
+    return terms.sum(dim=-1).clamp_min(0.0)
 
 
 class HFEngine:
@@ -113,7 +126,7 @@ class HFEngine:
         rows = out[:, ids.shape[1] :].tolist()
         if not self.spec.ignore_eos:
             rows = [self._until_eos(row) for row in rows]
-        return [Completion(self.tokenizer.decode(row, skip_special_tokens=True), len(row)) for row in rows]
+        return [Completion(self.tokenizer.decode(row, skip_special_tokens=True), len(row), tuple(row)) for row in rows]
 
     def _until_eos(self, row: list[int]) -> list[int]:
         eos = self.tokenizer.eos_token_id
@@ -122,15 +135,41 @@ class HFEngine:
         return [t for t in row if t != self.pad_id]
 
     @torch.no_grad()
-    def _logprobs(self, prompts: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+    def _next_token_logprobs(self, prompts: list[list[int]], targets: list[list[int]]) -> list[torch.Tensor]:
+        """Per row, the fp32 next-token log-probabilities [len(target), vocab] at the positions
+        that predict targets[i] after prompts[i] (one teacher-forced forward for the chunk)."""
         ids, mask = pad([p + t for p, t in zip(prompts, targets)], self.pad_id, left=False)
-        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
-        logprobs = torch.log_softmax(logits, dim=-1).cpu()
-        out = []
-        for row, (prompt, target) in enumerate(zip(prompts, targets)):
-            positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(target))
-            out.append(logprobs[row, positions, torch.tensor(target)].tolist())
-        return out
+        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+        # Only the target positions go through the fp32 softmax: [rows, width, vocab] in fp32 is
+        # the largest tensor of a scoring pass on a real vocabulary.
+        return [
+            torch.log_softmax(logits[row, len(prompt) - 1 : len(prompt) - 1 + len(target)].float(), dim=-1).cpu()
+            for row, (prompt, target) in enumerate(zip(prompts, targets))
+        ]
+
+    def _logprobs(self, prompts: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+        rows = self._next_token_logprobs(prompts, targets)
+        return [
+            lp[torch.arange(len(target)), torch.tensor(target, dtype=torch.long)].tolist()
+            for lp, target in zip(rows, targets)
+        ]
+
+    def kl_to_base(
+        self, prompts: Sequence[list[int]], completions: Sequence[list[int]], adapters: Sequence[AdapterRef | None]
+    ) -> list[list[float]]:
+        def run(chunk: list[int]) -> list[list[float]]:
+            if adapters[chunk[0]] is None or not any(completions[i] for i in chunk):
+                return [[0.0] * len(completions[i]) for i in chunk]  # the base model against itself: 0
+            return self._kl([prompts[i] for i in chunk], [list(completions[i]) for i in chunk])
+
+        return self._by_adapter(adapters, run)
+
+    def _kl(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+        """Exact per-token KL(adapter || base) of one chunk, the active adapter's."""
+        adapted = self._next_token_logprobs(prompts, completions)
+        with self._active(None):  # PEFT's disable_adapter: the same modules, LoRA layers bypassed
+            base = self._next_token_logprobs(prompts, completions)
+        return [exact_kl(a, b).tolist() for a, b in zip(adapted, base)]
 
     def release(self, adapters: Sequence[AdapterRef]) -> None:
         if self.peft is None:

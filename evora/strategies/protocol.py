@@ -147,6 +147,12 @@ def is_gradient(strategy: Any) -> bool:
     return callable(getattr(strategy, "improve", None))
 
 
+def trains_on_driver(strategy: Any) -> bool:
+    """Gradient strategies, and population strategies that refine by gradient (memetic GA:
+    `refines` is true and `refine(state, generation, context) -> Told | None` follows each tell)."""
+    return is_gradient(strategy) or bool(getattr(strategy, "refines", False))
+
+
 def materialise(strategy: Strategy | None, payload: Any, spec: Any) -> Tensors | None:
     """Any spec's adapter: None for BASE, the evaluation payload's for CENTER, else the strategy's."""
     if spec.op == BASE:

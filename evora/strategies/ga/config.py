@@ -29,6 +29,11 @@ class GAConfig:
     init_a_std: Optional[float] = None
     init_b_std: float = 0.0
     init_path: Optional[str] = None
+    refine: str = "none"  # memetic GA: none | sft | grpo gradient steps for the elite (Lamarckian)
+    refine_every: int = 5  # refine after every k-th generation
+    refine_steps: int = 10  # gradient steps per refinement
+    refine_learning_rate: float = 2.0e-4  # AdamW learning rate of a refinement (fresh optimizer each time)
+    refine_group_size: int = 8  # refine=grpo: completions per prompt
 
 
 def check_ga(ga: GAConfig, run: Any = None) -> None:
@@ -74,3 +79,15 @@ def check_ga(ga: GAConfig, run: Any = None) -> None:
             "seeds (a chain of mutation seeds) needs strategy.crossover_rate=0",
         )
     check_init(ga)
+    choice("strategy.refine", ga.refine, ("none", "sft", "grpo"))
+    if ga.refine != "none":
+        for key in ("refine_every", "refine_steps"):
+            require(getattr(ga, key) >= 1, f"strategy.{key}", getattr(ga, key), "must be an integer >= 1")
+        require(ga.refine_learning_rate > 0, "strategy.refine_learning_rate", ga.refine_learning_rate, "must be > 0")
+        require(ga.refine_group_size >= 2, "strategy.refine_group_size", ga.refine_group_size, "must be >= 2")
+        require(
+            ga.encoding == "tensors",
+            "strategy.refine",
+            ga.refine,
+            "a refined elite is a new adapter, not a chain of seeds: needs strategy.encoding=tensors",
+        )

@@ -21,8 +21,16 @@ import numpy as np
 from evora.lora.noise import noise_key
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.ga.config import GAConfig
+from evora.strategies.ga.memetic import refine_elite
 from evora.strategies.ga.operators import CROSSOVERS, mutate
-from evora.strategies.protocol import GenerationResults, StrategyContext, Tensors, Told, clone_tensors
+from evora.strategies.protocol import (
+    GenerationResults,
+    StrategyContext,
+    Tensors,
+    Told,
+    TrainingContext,
+    clone_tensors,
+)
 
 ELITE, MUTATE, CROSSOVER, INIT = "elite", "mutate", "crossover", "init"
 
@@ -96,6 +104,14 @@ class GeneticAlgorithm:
 
     def center(self, state: GAState) -> Tensors:
         return state.pool[0]  # the best member of the last generation
+
+    @property
+    def refines(self) -> bool:
+        """Memetic: the loop gives it a TrainingContext and calls `refine` after each tell."""
+        return self.cfg.refine != "none"
+
+    def refine(self, state: GAState, generation: int, context: TrainingContext) -> Told | None:
+        return refine_elite(self.cfg, self.run_seed, state, generation, context)
 
     def _payload(self, state: GAState, generation: int) -> GAPayload:
         if self.cfg.encoding == "seeds":

@@ -6,6 +6,7 @@ by the task's reward through the same bounded scoring as every strategy."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -49,7 +50,9 @@ class GroupRelativePolicyOptimization:
             return {name: getattr(trainer, name) - before[name] for name in COUNTERS}
 
         stats = trainer.train(self.cfg.steps_per_generation, stop=lambda: context.spent(spend()))
-        told_state = GRPOState(clone_tensors(trainer.adapter()), trainer.optimizer.state_dict(), trainer.step)
+        told_state = GRPOState(
+            clone_tensors(trainer.adapter()), copy.deepcopy(trainer.optimizer.state_dict()), trainer.step
+        )
         return Told(told_state, {**stats, "step": float(trainer.step)}, spend=spend())
 
     def _trainer_at(self, state: GRPOState, context: TrainingContext) -> LoraGRPO:

@@ -10,6 +10,7 @@ run seed and the step).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -54,7 +55,9 @@ class SupervisedFineTuning:
             if context.spent({"tokens_trained": trainer.tokens_trained - before}):
                 break
         spend = {"tokens_trained": trainer.tokens_trained - before}
-        told_state = SFTState(clone_tensors(trainer.adapter()), trainer.optimizer.state_dict(), trainer.step)
+        told_state = SFTState(
+            clone_tensors(trainer.adapter()), copy.deepcopy(trainer.optimizer.state_dict()), trainer.step
+        )
         return Told(told_state, {"loss": loss / taken, "steps": float(taken), "step": float(trainer.step)}, spend=spend)
 
     def _trainer_at(self, state: SFTState, context: TrainingContext) -> LoraSFT:
