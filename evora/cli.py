@@ -7,7 +7,7 @@ one line before Ray starts.
     evora resume=runs/<run folder> generations=60
     evora eval adapter=runs/<run folder>/adapters/best compare=true
     evora analyze runs/<run folder>           plots/ and report.md (a sweep folder: sweep.png)
-    evora compare runs/<run> runs/<run> ...   held-out reward against compute, side by side
+    evora compare runs/<run> runs/<run> ...   held-out reward, KL and compute, side by side
     evora runs list | show <run> | clean [--keep N] [--yes]   (clean: also dead runs' scratch)
 """
 
@@ -202,7 +202,8 @@ def analyze_main(argv: list[str]) -> None:
 
 
 def compare_main(argv: list[str]) -> None:
-    """`evora compare <run or sweep folder> ... [--out D]`: a table, compare.md and plots/compare.png."""
+    """`evora compare <run or sweep folder> ... [--out D]`: a table, compare.md/.json and plots/
+    (compare.png: reward against compute; reward_kl.png: the reward-KL plane)."""
     import argparse
 
     from evora.analysis.compare import compare, print_table

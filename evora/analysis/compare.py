@@ -1,15 +1,20 @@
 """`evora compare <run or sweep folder> ...`: runs side by side, from their files only.
 
-Each run becomes a `RunRow` (its eval/summary.json headline numbers and its held-out reward
-against search compute, from metrics.jsonl); `write_compare` writes compare.md and
-plots/compare.png, `print_table` prints the same table. No Ray, vLLM or W&B here: this runs
-on a laptop over copied run folders.
+Each run becomes a `RunRow` (its eval/summary.json headline numbers, its best adapter's held-out
+KL from the base model, and its held-out reward against search compute, from metrics.jsonl).
+`write_compare` writes compare.md, compare.json and, under plots/, compare.png (reward against
+compute), reward_kl.png (the reward-KL plane and its front) and, when a strategy has several runs
+(a sweep over seeds), consistency.png; `print_table` prints the same tables. No Ray, vLLM or W&B
+here: this runs on a laptop over copied run folders.
 """
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +34,29 @@ from evora.tracking.summary import headline, read_summary
 # evora.tracking.sweep names this file too, but importing it would pull in Hydra.
 SWEEP_SUMMARY = "sweep_summary.json"
 MARKDOWN = "compare.md"
+JSON = "compare.json"
 PLOT = Path("plots") / "compare.png"
+REWARD_KL_PLOT = Path("plots") / "reward_kl.png"
+CONSISTENCY_PLOT = Path("plots") / "consistency.png"
 COLUMNS = (
     "run",
     "strategy",
     "base",
     "final",
     "best held-out reward",
+    "best held-out KL",
+    "front",
     "search FLOPs",
     "tokens generated",
     "tokens trained",
     "wall-clock s",
 )
+CONSISTENCY_COLUMNS = ("strategy", "task", "model", "n", "mean", "std", "min", "max")
 LOG_SPAN = 100.0  # positive FLOPs spanning more than this factor get a log x axis
+LABEL_MAX = 8  # the reward-KL plane names its points only up to this many; more would be unreadable
+MARKERS = "osD^vPX*"
 Point = tuple[float, float]
+Group = tuple[str, str, str]  # (strategy, task, model): runs whose rewards can be compared as a spread
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,8 @@ class RunRow:
     seconds_total: float | None
     curve: tuple[Point, ...]  # (cumulative search FLOPs, held-out reward)
     best_flops: float | None = None  # search FLOPs spent when the best adapter was found
+    best_kl: float | None = None  # mean per-token KL(best adapter || base), held-out; None in older runs
+    final_kl: float | None = None
 
 
 # ---- collecting ---------------------------------------------------------------------
@@ -160,7 +176,8 @@ def read_row(name: str, run: Path) -> RunRow:
     return RunRow(
         name=name,
         path=run,
-        strategy=_config_name(config, "strategy"),
+        # The config names it; a summary (sft, grpo, es, ...) still does when the config lacks a name.
+        strategy=_config_name(config, "strategy") or (summary or {}).get("strategy"),
         task=_config_name(config, "task"),
         model=_config_name(config, "model"),
         status="finished" if summary else "unfinished",
@@ -175,6 +192,8 @@ def read_row(name: str, run: Path) -> RunRow:
         seconds_total=_number(compute.get("seconds", {}).get("total")),
         curve=_curve(metrics, base, best, flops_search),
         best_flops=_best_flops(metrics, best_generation, flops_search) if summary else None,
+        best_kl=headline(summary, "best", "kl"),
+        final_kl=headline(summary, "final", "kl"),
     )
 
 
@@ -187,6 +206,73 @@ def collect(folders: list[Path]) -> list[RunRow]:
         for name, run in _named_runs(Path(folder)):
             named.setdefault(run.resolve(), name)  # a run given twice (alone and in its sweep) is one row
     return [read_row(name, run) for run, name in named.items()]
+
+
+# ---- reward-KL front and consistency across runs --------------------------------------
+
+
+def plane_point(row: RunRow) -> Point | None:
+    """(best adapter's held-out KL, best held-out reward); None when either is unknown."""
+    if row.best is None or row.best_kl is None:
+        return None
+    return (row.best_kl, row.best)
+
+
+def pareto(points: list[Point]) -> list[bool]:
+    """Per (kl, reward): True when no other point has reward >= and KL <=, one of them strictly."""
+    # q differs from p and is no worse on either axis, so it is strictly better on one.
+    return [not any(q[1] >= p[1] and q[0] <= p[0] and q != p for q in points) for p in points]
+
+
+def front_flags(rows: list[RunRow]) -> list[bool | None]:
+    """Per row: on its task's reward-KL front or not; None where the run has no best reward or KL."""
+    # Rewards of different tasks are not on one scale: each task has its own front.
+    by_task: dict[str, list[tuple[int, Point]]] = {}
+    for i, row in enumerate(rows):
+        point = plane_point(row)
+        if point is not None:
+            by_task.setdefault(row.task or "-", []).append((i, point))
+    flags: list[bool | None] = [None] * len(rows)
+    for members in by_task.values():
+        for (i, _), flag in zip(members, pareto([point for _, point in members])):
+            flags[i] = flag
+    return flags
+
+
+def _groups(rows: list[RunRow]) -> dict[Group, list[RunRow]]:
+    # The model is in the key too: a sweep over models is not a spread over seeds.
+    groups: dict[Group, list[RunRow]] = {}
+    for row in rows:
+        if row.best is not None:
+            groups.setdefault((row.strategy or "-", row.task or "-", row.model or "-"), []).append(row)
+    return groups
+
+
+def consistency(rows: list[RunRow]) -> list[dict[str, Any]]:
+    """Best held-out reward per (strategy, task, model): n, mean, std (sample, n - 1; None for one
+    run), min, max and the runs, in order of first appearance."""
+    out = []
+    for (strategy, task, model), runs in _groups(rows).items():
+        rewards = [row.best for row in runs if row.best is not None]
+        out.append(
+            {
+                "strategy": strategy,
+                "task": task,
+                "model": model,
+                "n": len(rewards),
+                "mean": statistics.fmean(rewards),
+                "std": statistics.stdev(rewards) if len(rewards) > 1 else None,
+                "min": min(rewards),
+                "max": max(rewards),
+                "runs": [row.name for row in runs],
+            }
+        )
+    return out
+
+
+def has_spread(groups: list[dict[str, Any]]) -> bool:
+    """Whether any strategy has several runs: only then is there a spread to show."""
+    return any(group["n"] >= 2 for group in groups)
 
 
 # ---- table --------------------------------------------------------------------------
@@ -204,14 +290,25 @@ def _plain(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def cells(row: RunRow) -> list[str]:
-    """The row as text, in COLUMNS order; "-" where a value is missing (an unfinished run)."""
+def _kl(value: float | None) -> str:
+    # Significant digits, not decimals: KL runs from 1e-4 (a small step) to several nats.
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _front(flag: bool | None) -> str:
+    return "-" if flag is None else ("yes" if flag else "no")
+
+
+def cells(row: RunRow, front: bool | None = None) -> list[str]:
+    """The row as text, in COLUMNS order; "-" where a value is missing (an unfinished run, no KL)."""
     return [
         row.name,
         row.strategy or "-",
         _reward(row.base),
         _reward(row.final),
         _reward(row.best),
+        _kl(row.best_kl),
+        _front(front),
         _flops(row.flops_search),
         _plain(row.tokens_generated),
         _plain(row.tokens_trained),
@@ -219,21 +316,39 @@ def cells(row: RunRow) -> list[str]:
     ]
 
 
-def print_table(rows: list[RunRow], console: Any = None) -> None:
-    from rich.console import Console
+def consistency_cells(group: dict[str, Any]) -> list[str]:
+    """A consistency group as text, in CONSISTENCY_COLUMNS order."""
+    stats = [_reward(group[key]) for key in ("mean", "std", "min", "max")]
+    return [group["strategy"], group["task"], group["model"], str(group["n"]), *stats]
+
+
+def _rich_table(title: str, columns: tuple[str, ...], body: list[list[str]]) -> Any:
     from rich.table import Table
 
-    table = Table(title="held-out reward against search compute")
-    table.add_column(COLUMNS[0], no_wrap=True)  # a run name is what one copies; never split it
-    for column in COLUMNS[1:]:
-        table.add_column(column, justify="left" if column == "strategy" else "right")
-    for row in rows:
-        table.add_row(*cells(row))
+    table = Table(title=title)
+    table.add_column(columns[0], no_wrap=True)  # a run name is what one copies; never split it
+    for column in columns[1:]:
+        table.add_column(column, justify="left" if column in ("strategy", "task", "model") else "right")
+    for line in body:
+        table.add_row(*line)
+    return table
+
+
+def print_table(rows: list[RunRow], console: Any = None) -> None:
+    """The runs table; then the consistency table when a strategy has several runs."""
+    from rich.console import Console
+
+    body = [cells(row, flag) for row, flag in zip(rows, front_flags(rows))]
+    title = "held-out reward, KL from the base model and search compute"
     if console is None:
         # Piped or in a log, rich would assume 80 columns and cut every cell short.
         console = Console()
         console = Console(width=None if console.is_terminal else 200)
-    console.print(table)
+    console.print(_rich_table(title, COLUMNS, body))
+    groups = consistency(rows)
+    if has_spread(groups):
+        spread = [consistency_cells(group) for group in groups]
+        console.print(_rich_table("consistency across runs: best held-out reward", CONSISTENCY_COLUMNS, spread))
 
 
 # ---- markdown -----------------------------------------------------------------------
@@ -248,9 +363,10 @@ def _run_line(row: RunRow) -> str:
     if row.best is None:
         return f"- `{row.name}` ({about}): {row.status}, no best held-out reward yet"
     when = "" if row.best_generation is None else f" at generation {row.best_generation}"
+    kl = "" if row.best_kl is None else f", held-out KL {_kl(row.best_kl)}"
     return (
         f"- `{row.name}` ({about}): best held-out reward {_reward(row.best)}{when}, "
-        f"after {_flops(row.best_flops)} search FLOPs"
+        f"after {_flops(row.best_flops)} search FLOPs{kl}"
     )
 
 
@@ -264,16 +380,67 @@ def _leader_line(rows: list[RunRow]) -> str:
     return f"Highest best held-out reward: {_reward(top)}, reached by {names}."
 
 
-def markdown(rows: list[RunRow]) -> str:
+def _md_table(columns: tuple[str, ...], body: list[list[str]]) -> list[str]:
+    head = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    return head + ["| " + " | ".join(_md_cell(c) for c in line) + " |" for line in body]
+
+
+def _names(rows: list[RunRow]) -> str:
+    return ", ".join(f"`{row.name}`" for row in rows)
+
+
+def _plane_lines(rows: list[RunRow]) -> list[str]:
+    """What the reward-KL figure shows, which runs are on the front and which it leaves out."""
     lines = [
-        "# Held-out reward against search compute",
+        "## Reward-KL plane",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + " --- |" * len(COLUMNS),
+        f"`{REWARD_KL_PLOT.as_posix()}`: each run's best adapter, held-out reward against its mean per-token "
+        "KL(adapter || base) on the held-out completions; the base model sits at KL 0. The front, per task, "
+        "holds every run that no other run beats: none has reward >= and KL <=, one of them strictly "
+        "(runs that tie are both on it). It is drawn as a step line, its points ringed.",
+        "",
     ]
-    lines += ["| " + " | ".join(_md_cell(c) for c in cells(row)) + " |" for row in rows]
+    on = [row for row, flag in zip(rows, front_flags(rows)) if flag]
+    lines.append(f"On the front: {_names(on)}." if on else "No run reports a held-out KL: the plane shows no run.")
+    left = [row for row in rows if plane_point(row) is None]
+    if left:
+        lines.append(f"Left out of the plane (no held-out KL: an older or unfinished run): {_names(left)}.")
+    return lines
+
+
+def _consistency_lines(groups: list[dict[str, Any]]) -> list[str]:
+    """The spread of the best held-out reward per strategy, only when some strategy has several runs."""
+    if not has_spread(groups):
+        return []
+    return [
+        "## Consistency across runs",
+        "",
+        "Best held-out reward over the runs of each strategy, task and model (e.g. a sweep over seeds); "
+        f"std is the sample standard deviation (n - 1). Figure: `{CONSISTENCY_PLOT.as_posix()}`.",
+        "",
+        *_md_table(CONSISTENCY_COLUMNS, [consistency_cells(group) for group in groups]),
+    ]
+
+
+def markdown(rows: list[RunRow]) -> str:
+    body = [cells(row, flag) for row, flag in zip(rows, front_flags(rows))]
+    lines = ["# Held-out reward, KL and search compute", "", *_md_table(COLUMNS, body)]
     lines += ["", _leader_line(rows), "", *(_run_line(row) for row in rows)]
+    lines += ["", *_plane_lines(rows)]
+    consistency_lines = _consistency_lines(consistency(rows))
+    if consistency_lines:
+        lines += ["", *consistency_lines]
     return "\n".join(lines) + "\n"
+
+
+def compare_json(rows: list[RunRow]) -> dict[str, Any]:
+    """compare.json: every row's fields and its front flag, the runs left out of the plane, the spreads."""
+    runs = [{**asdict(row), "path": str(row.path), "front": flag} for row, flag in zip(rows, front_flags(rows))]
+    return {
+        "runs": runs,
+        "reward_kl_left_out": [row.name for row in rows if plane_point(row) is None],
+        "consistency": consistency(rows),
+    }
 
 
 # ---- figure -------------------------------------------------------------------------
@@ -333,18 +500,121 @@ def figure(rows: list[RunRow]) -> Figure:
     return fig
 
 
+def strategy_styles(rows: list[RunRow]) -> dict[str, tuple[str, str]]:
+    """A colour and a marker per strategy, by sorted name, so both figures draw a strategy alike."""
+    names = sorted({row.strategy or "-" for row in rows})
+    return {name: (f"C{i % 10}", MARKERS[i % len(MARKERS)]) for i, name in enumerate(names)}
+
+
+def _plane_bases(ax: Any, rows: list[RunRow]) -> None:
+    """The base model at (0, its reward): a star per distinct base value, one legend entry per task."""
+    for task, runs in _bases_by_task(rows).items():
+        values = sorted({row.base for row in runs if row.base is not None})
+        label = f"base model ({task})" if len(values) == 1 else f"base model ({task}, {len(values)} values)"
+        ax.scatter([0.0] * len(values), values, marker="*", s=180, color="grey", edgecolors="black", label=label)
+
+
+def _plane_runs(ax: Any, rows: list[RunRow], styles: dict[str, tuple[str, str]]) -> None:
+    """One scatter per strategy (one legend entry each); run names beside the points when few, one
+    label per point (runs that land on the same point share it rather than overprint)."""
+    placed = [(row, point) for row in rows if (point := plane_point(row)) is not None]
+    for strategy, (color, marker) in styles.items():
+        mine = [point for row, point in placed if (row.strategy or "-") == strategy]
+        if mine:
+            xs, ys = zip(*mine)
+            ax.scatter(xs, ys, color=color, marker=marker, s=60, zorder=3, label=strategy)
+    if len(placed) <= LABEL_MAX:
+        names: dict[Point, list[str]] = {}
+        for row, point in placed:
+            names.setdefault(point, []).append(row.name)
+        for point, at in names.items():
+            ax.annotate(", ".join(at), point, xytext=(5, 5), textcoords="offset points", fontsize="small")
+
+
+def _plane_front(ax: Any, rows: list[RunRow]) -> None:
+    """Each task's front as a step line (the best reward reachable within a KL budget), points ringed."""
+    by_task: dict[str, list[Point]] = {}
+    for row, flag in zip(rows, front_flags(rows)):
+        point = plane_point(row)
+        if flag and point is not None:
+            by_task.setdefault(row.task or "-", []).append(point)
+    for i, points in enumerate(by_task.values()):
+        xs, ys = zip(*sorted(points))
+        label = "front" if i == 0 else "_front"  # one legend entry, however many tasks
+        ax.plot(xs, ys, drawstyle="steps-post", color="black", linewidth=1, alpha=0.6, label=label)
+        ax.scatter(xs, ys, s=240, facecolors="none", edgecolors="black", linewidths=1.5, zorder=4, label="_ring")
+
+
+def reward_kl_figure(rows: list[RunRow]) -> Figure:
+    """Held-out reward against held-out KL from the base model, the best adapter of every run with
+    both; the base model at KL 0; the front marked. Runs without KL are left out."""
+    fig = Figure(figsize=(8, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    _plane_bases(ax, rows)
+    _plane_runs(ax, rows, strategy_styles(rows))
+    _plane_front(ax, rows)
+    if all(plane_point(row) is None for row in rows):  # say why the plane is empty, not just leave it blank
+        ax.text(0.5, 0.5, "no run reports a held-out KL", transform=ax.transAxes, ha="center", color="grey")
+    ax.set(
+        title="Held-out reward against KL from the base model",
+        xlabel="held-out KL(adapter || base), mean per token",
+        ylabel="best held-out reward",
+    )
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize="small")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _group_labels(keys: list[Group]) -> list[str]:
+    # Name the task and model only where they vary: a seed sweep's labels stay short.
+    varies = [len({key[k] for key in keys}) > 1 for k in (1, 2)]
+    return ["\n".join([key[0], *(key[k] for k in (1, 2) if varies[k - 1])]) for key in keys]
+
+
+def _offsets(n: int) -> list[float]:
+    # Evenly spread, not random, so the same runs always draw the same figure.
+    return [0.0] if n == 1 else [-0.15 + 0.3 * k / (n - 1) for k in range(n)]
+
+
+def consistency_figure(rows: list[RunRow]) -> Figure:
+    """Best held-out reward per (strategy, task, model): every run a dot, a box where there are >= 2."""
+    groups = _groups(rows)
+    styles = strategy_styles(rows)
+    fig = Figure(figsize=(max(5.0, 1.2 * len(groups) + 2), 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for i, (key, runs) in enumerate(groups.items(), start=1):
+        rewards = [row.best for row in runs if row.best is not None]
+        color, marker = styles[key[0]]
+        if len(rewards) >= 2:  # the dots show every run, so the box draws no outliers of its own
+            ax.boxplot([rewards], positions=[i], widths=0.5, showfliers=False, manage_ticks=False)
+        ax.scatter([i + x for x in _offsets(len(rewards))], rewards, color=color, marker=marker, zorder=3)
+    ax.set_xticks(range(1, len(groups) + 1), labels=_group_labels(list(groups)))
+    ax.set_xlim(0.5, len(groups) + 0.5)
+    ax.set(title="Consistency across runs", ylabel="best held-out reward")
+    ax.grid(alpha=0.3, axis="y")
+    return fig
+
+
 # ---- writing ------------------------------------------------------------------------
 
 
 def write_compare(rows: list[RunRow], out_dir: Path) -> list[Path]:
-    """out_dir/compare.md and out_dir/plots/compare.png; returns their paths."""
+    """Under out_dir: compare.md, compare.json, plots/compare.png, plots/reward_kl.png and, when a
+    strategy has several runs, plots/consistency.png; returns their paths in that order."""
     out_dir = Path(out_dir)
     (out_dir / PLOT).parent.mkdir(parents=True, exist_ok=True)
-    md = out_dir / MARKDOWN
+    md, data = out_dir / MARKDOWN, out_dir / JSON
     md.write_text(markdown(rows))
-    png = out_dir / PLOT
-    figure(rows).savefig(png, dpi=120)
-    return [md, png]
+    data.write_text(json.dumps(compare_json(rows), indent=2) + "\n")
+    figures: list[tuple[Path, Callable[[list[RunRow]], Figure]]] = [(PLOT, figure), (REWARD_KL_PLOT, reward_kl_figure)]
+    if has_spread(consistency(rows)):
+        figures.append((CONSISTENCY_PLOT, consistency_figure))
+    else:  # an earlier compare into this folder may have drawn one: it would contradict compare.md
+        (out_dir / CONSISTENCY_PLOT).unlink(missing_ok=True)
+    for relative, draw in figures:  # one figure at a time: each is drawn, saved and dropped
+        draw(rows).savefig(out_dir / relative, dpi=120)
+    return [md, data, *(out_dir / relative for relative, _ in figures)]
 
 
 def out_folder(folders: list[Path], out: str | Path | None) -> Path:

@@ -202,8 +202,9 @@ def test_bad_folders_raise_config_error_naming_them(tmp_path):
 
 
 def test_markdown(rows, tmp_path):
-    md, png = cmp.write_compare(rows, tmp_path / "out")
-    assert md == tmp_path / "out" / "compare.md" and png == tmp_path / "out" / "plots" / "compare.png"
+    md, data, png, plane = cmp.write_compare(rows, tmp_path / "out")  # one run per strategy: no consistency.png
+    assert (md, data) == (tmp_path / "out" / "compare.md", tmp_path / "out" / "compare.json")
+    assert (png, plane) == (tmp_path / "out" / "plots" / "compare.png", tmp_path / "out" / "plots" / "reward_kl.png")
     text = md.read_text()
     table = {
         line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
@@ -211,17 +212,18 @@ def test_markdown(rows, tmp_path):
         if line.startswith("| ") and "---" not in line
     }
     assert table["run"] == list(cmp.COLUMNS)
-    assert table["es-run"] == ["es-run", "es", "0.5000", "0.6500", "0.7000", "3.0e+12", "4000", "0", "33.0"]
-    assert table["pbt-run"][3:6] == ["-", "0.8000", "3.0e+11"]
-    assert table["crashed-run"] == ["crashed-run", "ga"] + ["-"] * 7
+    # No kl in these summaries (older runs): "-" for the KL and for the front.
+    assert table["es-run"] == ["es-run", "es", "0.5000", "0.6500", "0.7000", "-", "-", "3.0e+12", "4000", "0", "33.0"]
+    assert table["pbt-run"][3:8] == ["-", "0.8000", "-", "-", "3.0e+11"]
+    assert table["crashed-run"] == ["crashed-run", "ga"] + ["-"] * 9
     assert "Highest best held-out reward: 0.8000, reached by `pbt-run` (3.0e+11 search FLOPs)" in text
     assert "`es-run` (es, addition, tiny): best held-out reward 0.7000 at generation 2, after 2.0e+10" in text
     assert "`crashed-run` (ga, addition, tiny): unfinished" in text
 
 
 def test_png_is_written(rows, tmp_path):
-    png = cmp.write_compare(rows, tmp_path)[1]
-    assert png.read_bytes()[:8] == PNG_MAGIC
+    for png in cmp.write_compare(rows, tmp_path)[2:]:
+        assert png.read_bytes()[:8] == PNG_MAGIC
 
 
 def _run_lines(fig) -> list[str]:
@@ -284,10 +286,11 @@ def test_print_table_not_a_terminal(rows, capsys):
 def test_compare_out_folders(tmp_path, monkeypatch):
     folder = sweep(tmp_path)
     rows, paths = cmp.compare([folder])
-    assert len(rows) == 2 and paths == [folder / "compare.md", folder / "plots" / "compare.png"]
+    plots = [folder / "plots" / name for name in ("compare.png", "reward_kl.png", "consistency.png")]
+    assert len(rows) == 2 and paths == [folder / "compare.md", folder / "compare.json", *plots]  # 2 es jobs
     _, paths = cmp.compare([str(es_run(tmp_path))], out=tmp_path / "given")
-    assert paths[0] == tmp_path / "given" / "compare.md" and paths[1].exists()
+    assert paths[0] == tmp_path / "given" / "compare.md" and all(path.exists() for path in paths)
     monkeypatch.chdir(tmp_path)
     _, paths = cmp.compare([tmp_path / "es-run", pbt_run(tmp_path)])
     assert paths[0].parent.parent == tmp_path and paths[0].parent.name.startswith("compare-20")
-    assert paths[0].exists() and os.path.getsize(paths[1]) > 0
+    assert paths[0].exists() and os.path.getsize(paths[2]) > 0

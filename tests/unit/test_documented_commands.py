@@ -68,8 +68,41 @@ def test_there_are_commands_to_check():
 EVAL_OPTIONS = ("adapter=", "compare=", "split=", "out=")
 
 
+@pytest.fixture(scope="module")
+def placeholders(tmp_path_factory):
+    """What the documents' placeholders stand for: the ES paper's countdown.json (a file of its
+    shape and size: 2,200 records, string targets) and a finished run folder (`runs/<...>`)."""
+    import json
+    import random
+
+    from conftest import make_summary
+    from evora.tasks.countdown import generate_problem
+
+    folder = tmp_path_factory.mktemp("placeholders")
+    rng = random.Random(0)
+    records = [generate_problem(rng) for _ in range(2200)]
+    records = [{**r, "target": str(r["target"]), "context": f"Using the numbers {r['numbers']}..."} for r in records]
+    (folder / "countdown.json").write_text(json.dumps(records))
+    run = folder / "finished_run"
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "summary.json").write_text(json.dumps(make_summary(0.1, 0.5)))
+    return {"countdown.json": str(folder / "countdown.json"), "run": str(run)}
+
+
+def substitute(argv: list[str], placeholders: dict[str, str]) -> list[str]:
+    out = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if value == "countdown.json":
+            arg = f"{key}={placeholders['countdown.json']}"
+        elif re.fullmatch(r"runs/<[^>]+>", value):
+            arg = f"{key}={placeholders['run']}"
+        out.append(arg)
+    return out
+
+
 @pytest.mark.parametrize("command", sorted(set(readme_commands() + conf_header_commands())))
-def test_documented_command_composes(command, monkeypatch):
+def test_documented_command_composes(command, monkeypatch, placeholders):
     words = shlex.split(command)
     while "=" in words[0]:  # environment assignments, e.g. PYTHONPATH=examples
         name, _, value = words.pop(0).partition("=")
@@ -79,5 +112,6 @@ def test_documented_command_composes(command, monkeypatch):
     if argv[:1] == ["eval"]:  # evora eval: its own options, then config overrides
         argv = [a for a in argv[1:] if not a.startswith(EVAL_OPTIONS)]
     argv = [a for a in argv if not a.startswith("resume=")]  # resume needs a real run folder
+    argv = substitute(argv, placeholders)
     monkeypatch.chdir(ROOT)
     assert preflight(argv) or "--cfg" in argv
