@@ -76,8 +76,9 @@ def _reward_lines(ax: Any, metrics: list[Record]) -> None:
             alpha=0.2,
             label="population p20–p80",
         )
-    ax.plot(*_series(metrics, "reward_mean"), label="population mean")
-    ax.plot(*_series(metrics, "reward_max"), linewidth=1, alpha=0.7, label="best member")
+    if any("reward_mean" in r for r in metrics):  # gradient strategies (sft, grpo) have no population
+        ax.plot(*_series(metrics, "reward_mean"), label="population mean")
+        ax.plot(*_series(metrics, "reward_max"), linewidth=1, alpha=0.7, label="best member")
     # Held-out is measured every k generations: dotted between points, not a measured curve.
     ax.plot(*_series(metrics, "heldout_reward"), marker="o", linestyle=":", label="held-out")
     base = next((r.get("base_heldout_reward") for r in metrics if r.get("generation") == 0), None)
