@@ -5,7 +5,7 @@ every strategy (`tasks/reward_pool.py`), the budget check, and the device it may
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import ray
 
@@ -63,7 +63,3 @@ def training_context(
 
 def _has_gpu() -> bool:
     return ray.is_initialized() and bool(ray.get_gpu_ids())
-
-
-def usage_line(budget: Budget, usage: dict[str, Any]) -> str:
-    return f"{budget.source}: {usage[budget.measure]:.4g} of {budget.limit:.4g} {budget.measure}"

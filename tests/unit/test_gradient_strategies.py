@@ -108,6 +108,22 @@ def test_sft_continues_exactly_from_a_checkpointed_state():
     assert first.spend["tokens_trained"] > 0 and first.stats["steps"] == 3.0
 
 
+def test_sft_state_survives_a_checkpoint_round_trip(tmp_path):
+    from evora.strategies.protocol import state_fields
+    from evora.tracking import checkpoint
+
+    ctx, cfg = context(), SFTConfig(steps_per_generation=2, learning_rate=1e-2)
+    strategy = SupervisedFineTuning(cfg, run_seed=0)
+    first = strategy.improve(start(strategy, ctx), 0, ctx)
+    path = tmp_path / "latest.pt"
+    checkpoint.atomic_save(checkpoint.run_state("sft", first.state, state_fields(first.state), {}), path)
+    saved = checkpoint.load_run_state(path, "sft", type(first.state))  # weights_only: plain data only
+    restored = type(first.state)(**saved["state"])
+    expected = strategy.improve(first.state, 1, ctx)
+    again = SupervisedFineTuning(cfg, run_seed=0).improve(restored, 1, ctx)
+    assert all(torch.equal(expected.state.adapter[k], again.state.adapter[k]) for k in expected.state.adapter)
+
+
 def test_the_budget_ends_a_generation_after_the_step_that_spends_it():
     calls = []
 

@@ -13,33 +13,35 @@ from typing import Any
 from evora.lora.noise import noise_key
 from evora.strategies.ga.config import GAConfig
 from evora.strategies.grpo.config import GRPOConfig
-from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization, GRPOState
+from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization
 from evora.strategies.protocol import Told, TrainingContext
 from evora.strategies.sft.config import SFTConfig
-from evora.strategies.sft.strategy import SFTState, SupervisedFineTuning
+from evora.strategies.sft.strategy import SupervisedFineTuning
+from evora.strategies.trained import TrainedAdapter, TrainedState
 
 REFINED = "refine"
 
 
-def refiner(cfg: GAConfig, seed: int) -> tuple[Any, type]:
-    """The gradient strategy a refinement runs, and its state type."""
+def refiner(cfg: GAConfig, seed: int) -> TrainedAdapter:
+    """The gradient strategy a refinement runs."""
     if cfg.refine == "sft":
         sft = SFTConfig(learning_rate=cfg.refine_learning_rate, steps_per_generation=cfg.refine_steps)
-        return SupervisedFineTuning(sft, seed), SFTState
+        return SupervisedFineTuning(sft, seed)
     grpo = GRPOConfig(
         learning_rate=cfg.refine_learning_rate,
         steps_per_generation=cfg.refine_steps,
         num_generations=cfg.refine_group_size,
     )
-    return GroupRelativePolicyOptimization(grpo, seed), GRPOState
+    return GroupRelativePolicyOptimization(grpo, seed)
 
 
 def refine_elite(cfg: GAConfig, run_seed: int, state: Any, generation: int, context: TrainingContext) -> Told | None:
     """After generation `generation` (0-based): the state with its elite refined, or None when not due."""
     if cfg.refine == "none" or (generation + 1) % cfg.refine_every:
         return None
-    strategy, state_type = refiner(cfg, noise_key(run_seed, "ga-refine", generation))
-    told = strategy.improve(state_type(state.pool[0]), generation, context)
+    strategy = refiner(cfg, noise_key(run_seed, "ga-refine", generation))
+    # each refinement is a run of its own: a fresh optimizer whose schedule spans its steps
+    told = strategy.improve(TrainedState(state.pool[0]), generation, replace(context, planned_steps=cfg.refine_steps))
     refined_id = f"{state.ids[0]}+{cfg.refine}{generation + 1}"
     new = replace(state, pool=[told.state.adapter, *state.pool[1:]], ids=[refined_id, *state.ids[1:]])
     record = {

@@ -3,7 +3,7 @@ contract (held-out every eval_every, selection, best-vs-base), optionally to a c
 budget or matched to another run (`strategy.match=<run dir>`)."""
 
 from evora.strategies.grpo.config import GRPOConfig, check_grpo
-from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization, GRPOState
+from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization
 from evora.strategies.registry import register_strategy
 
 register_strategy(
@@ -16,4 +16,4 @@ register_strategy(
     console_keys=(("reward", "group reward"), ("loss", "loss")),
 )(GroupRelativePolicyOptimization)
 
-__all__ = ["GRPOConfig", "GRPOState", "GroupRelativePolicyOptimization"]
+__all__ = ["GRPOConfig", "GroupRelativePolicyOptimization"]

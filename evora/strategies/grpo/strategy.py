@@ -6,58 +6,28 @@ by the task's reward through the same bounded scoring as every strategy."""
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
-from typing import Any, ClassVar
-
-from evora.lora import Tensors
-from evora.lora.init import random_adapter
 from evora.lora.noise import noise_key
-from evora.strategies.grpo.config import GRPOConfig
-from evora.strategies.protocol import StrategyContext, Told, TrainingContext, clone_tensors
+from evora.strategies.protocol import Told, TrainingContext
+from evora.strategies.trained import TrainedAdapter, TrainedState
 from evora.training.grpo import GRPOSettings, LoraGRPO, LoraSpec
 
 COUNTERS = ("tokens_prompt", "tokens_generated", "tokens_scored", "tokens_trained")
 
 
-@dataclass
-class GRPOState:
-    STATE_VERSION: ClassVar[int] = 1
-    adapter: Tensors
-    optimizer: dict[str, Any] | None = None  # AdamW's state_dict; None before the first step
-    step: int = 0
+class GroupRelativePolicyOptimization(TrainedAdapter):
+    init_salt = "grpo-init"
 
-
-class GroupRelativePolicyOptimization:
-    state_type = GRPOState
-
-    def __init__(self, cfg: GRPOConfig, run_seed: int):
-        self.cfg = cfg
-        self.seed = run_seed
-        self._trainer: LoraGRPO | None = None  # kept between generations; rebuilt from the state after a restart
-
-    def initial_state(self, context: StrategyContext) -> GRPOState:
-        return GRPOState(random_adapter(context.layout, noise_key(context.seed, "grpo-init"), None, 0.0))
-
-    def center(self, state: GRPOState) -> Tensors:
-        return state.adapter
-
-    def improve(self, state: GRPOState, generation: int, context: TrainingContext) -> Told:
-        trainer = self._trainer_at(state, context)
+    def improve(self, state: TrainedState, generation: int, context: TrainingContext) -> Told:
+        trainer = self.trainer_at(state, context)
         before = {name: getattr(trainer, name) for name in COUNTERS}
 
         def spend() -> dict[str, int]:
             return {name: getattr(trainer, name) - before[name] for name in COUNTERS}
 
         stats = trainer.train(self.cfg.steps_per_generation, stop=lambda: context.spent(spend()))
-        told_state = GRPOState(
-            clone_tensors(trainer.adapter()), copy.deepcopy(trainer.optimizer.state_dict()), trainer.step
-        )
-        return Told(told_state, {**stats, "step": float(trainer.step)}, spend=spend())
+        return Told(self.state_of(trainer), {**stats, "step": float(trainer.step)}, spend=spend())
 
-    def _trainer_at(self, state: GRPOState, context: TrainingContext) -> LoraGRPO:
-        if self._trainer is not None and self._trainer.step == state.step:
-            return self._trainer
+    def build_trainer(self, state: TrainedState, context: TrainingContext) -> LoraGRPO:
         if self._trainer is not None:
             self._trainer.close()
         cfg, layout = self.cfg, context.layout
@@ -76,7 +46,7 @@ class GroupRelativePolicyOptimization:
             micro_batches=cfg.micro_batches,
         )
         lora = LoraSpec(layout.rank, layout.alpha, layout.target_modules, layout.layers, cfg.dropout)
-        self._trainer = LoraGRPO(
+        return LoraGRPO(
             context.model_path,
             lora,
             settings,
@@ -88,4 +58,3 @@ class GroupRelativePolicyOptimization:
             device=context.device,
             special_tokens=context.special_tokens,
         )
-        return self._trainer

@@ -4,7 +4,7 @@ compute budget or matched to another run (`strategy.match=<run dir>`)."""
 
 from evora.strategies.registry import register_strategy
 from evora.strategies.sft.config import SFTConfig, check_sft
-from evora.strategies.sft.strategy import SFTState, SupervisedFineTuning
+from evora.strategies.sft.strategy import SupervisedFineTuning
 
 register_strategy(
     "sft",
@@ -16,4 +16,4 @@ register_strategy(
     console_keys=(("loss", "loss"),),
 )(SupervisedFineTuning)
 
-__all__ = ["SFTConfig", "SFTState", "SupervisedFineTuning"]
+__all__ = ["SFTConfig", "SupervisedFineTuning"]

@@ -10,43 +10,17 @@ run seed and the step).
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
-from typing import Any, ClassVar
-
-from evora.lora import Tensors
-from evora.lora.init import random_adapter
 from evora.lora.noise import noise_key
-from evora.strategies.protocol import StrategyContext, Told, TrainingContext, clone_tensors
-from evora.strategies.sft.config import SFTConfig
+from evora.strategies.protocol import Told, TrainingContext
+from evora.strategies.trained import TrainedAdapter, TrainedState
 from evora.training.lora_sft import LoraSFT, TrainSettings
 
 
-@dataclass
-class SFTState:
-    STATE_VERSION: ClassVar[int] = 1
-    adapter: Tensors
-    optimizer: dict[str, Any] | None = None  # AdamW's state_dict; None before the first step
-    step: int = 0
+class SupervisedFineTuning(TrainedAdapter):
+    init_salt = "sft-init"
 
-
-class SupervisedFineTuning:
-    state_type = SFTState
-
-    def __init__(self, cfg: SFTConfig, run_seed: int):
-        self.cfg = cfg
-        self.seed = run_seed
-        self._trainer: LoraSFT | None = None  # kept between generations; rebuilt from the state after a restart
-
-    def initial_state(self, context: StrategyContext) -> SFTState:
-        # B = 0: the adapter starts as the base model (PEFT's convention); A seeded by the run.
-        return SFTState(random_adapter(context.layout, noise_key(context.seed, "sft-init"), None, 0.0))
-
-    def center(self, state: SFTState) -> Tensors:
-        return state.adapter
-
-    def improve(self, state: SFTState, generation: int, context: TrainingContext) -> Told:
-        trainer = self._trainer_at(state, context)
+    def improve(self, state: TrainedState, generation: int, context: TrainingContext) -> Told:
+        trainer = self.trainer_at(state, context)
         before = trainer.tokens_trained
         taken, loss = 0, 0.0
         for _ in range(self.cfg.steps_per_generation):
@@ -54,15 +28,10 @@ class SupervisedFineTuning:
             taken += 1
             if context.spent({"tokens_trained": trainer.tokens_trained - before}):
                 break
-        spend = {"tokens_trained": trainer.tokens_trained - before}
-        told_state = SFTState(
-            clone_tensors(trainer.adapter()), copy.deepcopy(trainer.optimizer.state_dict()), trainer.step
-        )
-        return Told(told_state, {"loss": loss / taken, "steps": float(taken), "step": float(trainer.step)}, spend=spend)
+        stats = {"loss": loss / taken, "steps": float(taken), "step": float(trainer.step)}
+        return Told(self.state_of(trainer), stats, spend={"tokens_trained": trainer.tokens_trained - before})
 
-    def _trainer_at(self, state: SFTState, context: TrainingContext) -> LoraSFT:
-        if self._trainer is not None and self._trainer.step == state.step:
-            return self._trainer
+    def build_trainer(self, state: TrainedState, context: TrainingContext) -> LoraSFT:
         layout, cfg = context.layout, self.cfg
         hyperparameters = {
             "rank": layout.rank,
@@ -82,7 +51,7 @@ class SupervisedFineTuning:
             noise_key(self.seed, "sft"),
         )
         pairs = [(context.prompt_ids(e), context.target_ids(e)) for e in context.train]
-        self._trainer = LoraSFT(
+        return LoraSFT(
             context.model_path,
             hyperparameters,
             settings,
@@ -93,4 +62,3 @@ class SupervisedFineTuning:
             step=state.step,
             device=context.device,
         )
-        return self._trainer
