@@ -18,7 +18,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -60,8 +60,32 @@ class Terminated(BaseException):
     """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so the run stops the same way."""
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
+# Interrupts the CLI's handlers raised. A signal that lands inside one of Ray's Cython calls can
+# be swallowed there (reported as unraisable), and the run would go on: the next event re-raises it.
+_PENDING: list[BaseException] = []
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    interrupt = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    _PENDING.append(interrupt)
+    raise interrupt
+
+
+def _install_interrupt_handlers() -> None:
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # kept by init_ray over Ray's own handler
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the shell ignores it (background)
+        signal.signal(signal.SIGINT, _raise_interrupt)
+
+
+def _checked(on_event: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """on_event that first raises an interrupt swallowed since the last event."""
+
+    def handle(event: dict[str, Any]) -> None:
+        if _PENDING:
+            raise _PENDING[-1]
+        on_event(event)
+
+    return handle
 
 
 def _interrupted(error: BaseException, run_dir: Path) -> NoReturn:
@@ -90,12 +114,12 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from evora.tracking.progress import ConsoleProgress
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    signal.signal(signal.SIGTERM, _raise_terminated)  # kept by init_ray over Ray's own handler
+    _install_interrupt_handlers()
     try:
         # run.lock tells `evora runs` this folder is live (and keeps `runs clean` off it).
         extra = get_strategy(run.strategy.name).console_keys
         with run_lock(run_dir), ConsoleProgress(enabled=run.tracking.progress, extra=extra) as progress:
-            return launch(run, str(run_dir), progress.handle)
+            return launch(run, str(run_dir), _checked(progress.handle))
     except (KeyboardInterrupt, Terminated) as error:
         _interrupted(error, run_dir)
     except Exception as error:

@@ -142,13 +142,22 @@ INTERRUPTED_RUN = (*SMALL, "generations=10", "engine=hf", "hardware.num_workers=
 NICE = 10
 
 
+def as_from_a_shell() -> None:
+    """The state a shell starts a command in (whatever the test process inherited: ignored
+    or blocked signals survive exec), niced."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    os.nice(NICE)
+
+
 class Terminal:
     """The CLI on a pseudo-terminal, as a user runs it: Ctrl-C is the terminal's ^C."""
 
     def __init__(self, args: list[str], cwd: Path):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: become the CLI
-            os.nice(NICE)
+            as_from_a_shell()
             os.chdir(cwd)
             os.execv(sys.executable, evora_cmd(*args))
         self.output = ""
@@ -226,7 +235,7 @@ def test_sigterm_stops_with_143_and_the_resume_line():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: os.nice(NICE),
+        preexec_fn=as_from_a_shell,
     )
     run_dir = None
     deadline = time.monotonic() + 600

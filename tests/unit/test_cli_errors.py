@@ -86,3 +86,39 @@ def test_an_interrupt_wrapped_by_a_cython_call_is_still_an_interrupt():
     except SystemError as wrapped:
         assert isinstance(cli._interrupt_in(wrapped), cli.Terminated)
     assert cli._interrupt_in(ValueError("plain")) is None
+
+
+def test_an_interrupt_swallowed_inside_a_call_is_raised_at_the_next_event(monkeypatch):
+    import signal
+
+    monkeypatch.setattr(cli, "_PENDING", [])
+    seen = []
+    handle = cli._checked(seen.append)
+    handle({"kind": "generation"})
+    try:
+        cli._raise_interrupt(signal.SIGINT, None)
+    except KeyboardInterrupt:
+        pass  # as if some library had caught and dropped it
+    with pytest.raises(KeyboardInterrupt):
+        handle({"kind": "generation"})
+    assert seen == [{"kind": "generation"}]
+    monkeypatch.setattr(cli, "_PENDING", [])
+    with pytest.raises(cli.Terminated):
+        cli._raise_interrupt(signal.SIGTERM, None)
+
+
+def test_the_cli_takes_sigint_only_where_the_shell_did_not_ignore_it(monkeypatch):
+    import signal
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job
+        cli._install_interrupt_handlers()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is cli._raise_interrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        cli._install_interrupt_handlers()
+        assert signal.getsignal(signal.SIGINT) is cli._raise_interrupt
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
