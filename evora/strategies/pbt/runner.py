@@ -529,6 +529,7 @@ def _finish(
         "converged": converged([g["fitness_max"] for g in generations]),
         "median_member_heldout_fitness": statistics.median(m["heldout"]["fitness"] for m in members),
         "members": {m["member"]: m["heldout"]["fitness"] for m in members},
+        "members_selection_fitness": [[m["member"], m["selection_fitness"]] for m in members],
     }
     summary = write_run_summary(
         folder,
