@@ -127,7 +127,7 @@ def _check_lora(run: RunConfig) -> None:
 
 def _check_task(run: RunConfig) -> None:
     from evora.tasks import task_names
-    from evora.tasks.base import SPLITS, load_object
+    from evora.tasks.base import SPLITS, load_object, task_class
     from evora.tasks.fitness import parse_fitness
     from evora.tasks.prompts import FORMATS
     from evora.tasks.rewards.countdown import ANSWER_BLOCKS, NUMBER_RULES
@@ -138,6 +138,9 @@ def _check_task(run: RunConfig) -> None:
         load_object(task.name, "task.name")
     else:
         choice("task.name", task.name, task_names())
+        check = getattr(task_class(task.name), "check", None)  # a task's own rules (task=mix: its families)
+        if check is not None:
+            check(task)
     require(task.train_size >= 1, "task.train_size", task.train_size, "must be >= 1")
     require(task.selection_size >= 0, "task.selection_size", task.selection_size, "must be >= 0")
     require(task.eval_size >= 1, "task.eval_size", task.eval_size, "must be >= 1")

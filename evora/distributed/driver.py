@@ -23,9 +23,10 @@ from evora.analysis.live import RewardPlotSink
 from evora.analysis.plots import write_plots
 from evora.config.schema import RunConfig
 from evora.config.validate import check_split_sizes
-from evora.distributed.evaluate import candidate_matrices, chunks, evaluate_split, spend_of
+from evora.distributed.evaluate import candidate_matrices, chunks, evaluate_split, row_means, spend_of
 from evora.distributed.finish import Outcome, final_event, report_against_base, write_run_summary
 from evora.distributed.pool import WorkerPool
+from evora.distributed.portfolio import ROUTING_FILE, evaluate_portfolio, write_routing
 from evora.distributed.training import training_context
 from evora.distributed.worker import UnitResult, WorkUnit, worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
@@ -44,6 +45,8 @@ from evora.strategies.protocol import (
     StrategyContext,
     Told,
     is_gradient,
+    is_portfolio,
+    prompts_of,
     state_fields,
     trains_on_driver,
 )
@@ -120,6 +123,15 @@ def timing_sums(results: list[UnitResult]) -> dict[str, float]:
     return {f"seconds_{k}": float(sum(r.timings[k] for r in results)) for k in keys}
 
 
+def routed_prompts(specs: list[Any]) -> tuple[int, ...]:
+    """The generation's prompts when the strategy routes its candidates to prompts (the
+    ecology's episodes): every prompt some spec names, in order; () when none does."""
+    routed = [prompts_of(spec) for spec in specs]
+    if all(r is None for r in routed):
+        return ()
+    return tuple(sorted({i for r in routed if r is not None for i in r}))
+
+
 def matched_usage(strategy_cfg: Any) -> dict[str, float] | None:
     """The search usage of the run a strategy matches (strategy.match), from its summary."""
     folder = getattr(strategy_cfg, "match", None)
@@ -170,6 +182,7 @@ class Driver:
         self.sinks = self._open_sinks()
         completed = self.next_generation if self.resumed else -1
         self.lineage = JsonlSink(self.run_dir, completed, LINEAGE_FILE, lazy=True)
+        self.completed_at_start, self.record_files = completed, {}
         # Named per driver process: a restarted driver's workers must not clash with the old ones' names.
         self.pool = WorkerPool.start(
             worker_spec(run, self.location.path, self.layout, self.run_tag),
@@ -189,7 +202,14 @@ class Driver:
             self.ledger = ComputeLedger.from_state(loop["compute"])
             return
         run = self.run_cfg
-        context = StrategyContext(run.seed, self.layout, self.location.path, run.model.revision)
+        context = StrategyContext(
+            run.seed,
+            self.layout,
+            self.location.path,
+            run.model.revision,
+            train_families=tuple(e.family for e in self.splits.train),
+            prompts_per_generation=run.task.prompts_per_generation,
+        )
         self.state = self.strategy.initial_state(context)
         self.next_generation, self.base, self.last, self.best = 0, None, None, None
         self.ledger = ComputeLedger(
@@ -292,7 +312,7 @@ class Driver:
         """A population generation: ask, evaluate every candidate on the workers, tell."""
         started = time.perf_counter()
         specs, payload = self.strategy.ask(self.state, generation)
-        prompts = self._prompt_batch(generation)
+        prompts = routed_prompts(specs) or self._prompt_batch(generation)
         units = [
             WorkUnit(tuple(c), "train", prompts, perplexity=self.fitness.needs_perplexity)
             for c in chunks(specs, self.run_cfg.engine.max_loras)
@@ -305,15 +325,20 @@ class Driver:
         told = self.strategy.tell(self.state, specs, generation_results)
         refined = self.strategy.refine(told.state, generation, self.training) if self.training else None
         if refined is not None:  # memetic: the elite got gradient steps
-            told = Told(refined.state, {**told.stats, **refined.stats}, told.lineage + refined.lineage, refined.spend)
+            stats, lineage = {**told.stats, **refined.stats}, told.lineage + refined.lineage
+            told = Told(refined.state, stats, lineage, refined.spend, told.records)
         check_finite_center(generation + 1, self.strategy.center(told.state), self.run_cfg.strategy)
         self.state = told.state
         for member in told.lineage:
             self.lineage.log(member)
+        self._write_records(told.records)
+        cells = generation_results.evaluated
         record: dict[str, Any] = {
             "generation": generation + 1,
-            **spread("reward", generation_results.rewards.mean(axis=1)),
-            "accuracy_mean": float(generation_results.correct.mean()),
+            **spread("reward", row_means(generation_results.rewards, cells)),
+            "accuracy_mean": float(generation_results.correct[cells].mean())
+            if cells is not None
+            else float(generation_results.correct.mean()),
             "fitness_invalid": invalid,
             **told.stats,
         }
@@ -345,6 +370,14 @@ class Driver:
         spend = Spend(**told.spend)
         return {"generation": generation + 1, **told.stats, "seconds_train": time.perf_counter() - started}, spend
 
+    def _write_records(self, records: dict[str, list[dict[str, Any]]]) -> None:
+        """A strategy's own JSONL files (the ecology's episodes and organelles), truncated on resume like metrics."""
+        for name, lines in records.items():
+            if name not in self.record_files:
+                self.record_files[name] = JsonlSink(self.run_dir, self.completed_at_start, name, lazy=True)
+            for line in lines:
+                self.record_files[name].log(line)
+
     def _spent_now(self, spend: dict[str, int]) -> bool:
         """Budget check inside a generation: the ledger, plus this generation's spend and time so far."""
         if self.budget is None:
@@ -361,18 +394,19 @@ class Driver:
         self, generation: int, prompts: tuple[int, ...], results: list[UnitResult], population: int
     ) -> tuple[GenerationResults, int]:
         m = candidate_matrices(results, population)
+        evaluated = m["evaluated"]
         means = {
-            "reward": m["rewards"].mean(axis=1),
-            "accuracy": m["correct"].mean(axis=1),
-            "tokens": m["tokens"].mean(axis=1),
+            "reward": row_means(m["rewards"], evaluated),
+            "accuracy": row_means(m["correct"], evaluated),
+            "tokens": row_means(m["tokens"], evaluated),
         }
         if m["perplexity"] is not None:
-            means["perplexity"] = m["perplexity"].mean(axis=1)
+            means["perplexity"] = row_means(m["perplexity"], evaluated)
         fitness, invalid = finite_fitness(
             np.array([self.fitness({k: v[i] for k, v in means.items()}) for i in range(population)], dtype=np.float64)
         )
         return GenerationResults(
-            generation, prompts, m["rewards"], m["correct"], m["tokens"], m["perplexity"], fitness
+            generation, prompts, m["rewards"], m["correct"], m["tokens"], m["perplexity"], fitness, evaluated
         ), invalid
 
     def _account(
@@ -421,6 +455,10 @@ class Driver:
             out_dir=self.run_dir / "eval",
             stem="best_vs_base",
         )
+        details, adapters = {}, {"best": "adapters/best", center_name: f"adapters/{center_name}"}
+        if is_portfolio(self.strategy):
+            details = self._portfolio(done, spend)
+            adapters.update(organelles="adapters/organelles", routing=ROUTING_FILE)
         self.ledger.evaluation.add(spend)
         self.ledger.add_seconds("evaluation", time.perf_counter() - started)
         outcome = Outcome(
@@ -438,10 +476,27 @@ class Driver:
             center=self.entry.center,
             outcome=outcome,
             counts=report["counts"],
-            adapters={"best": "adapters/best", center_name: f"adapters/{center_name}"},
+            adapters=adapters,
             compute=self.ledger.summary(sum(self.ledger.seconds.values())),
+            details=details,
         )
         return final_event(summary, self.run_dir)
+
+    def _portfolio(self, done: int, spend: Spend) -> dict[str, Any]:
+        """A routed portfolio (the ecology): its routing map, held-out metrics, exported members."""
+        ids, members = self.strategy.members(self.state)
+        result = evaluate_portfolio(
+            self.pool,
+            ids,
+            members,
+            self.splits,
+            self.strategy.train_routing(self.state),
+            max_loras=self.run_cfg.engine.max_loras,
+            generation=done,
+            spend=spend,
+        )
+        write_routing(self.run_dir, result["routing"], ids, members, self.layout)
+        return {**self.strategy.details(self.state), **result}
 
     def _close(self) -> None:
         pool = getattr(self, "pool", None)
@@ -450,7 +505,8 @@ class Driver:
         if getattr(self, "scorer", None) is not None:
             self.scorer.close()
         sweep_run_scratch(self.run_cfg.engine.adapter_dir, self.run_tag)
-        for sink in [*getattr(self, "sinks", []), *filter(None, [getattr(self, "lineage", None)])]:
+        extra = [getattr(self, "lineage", None), *getattr(self, "record_files", {}).values()]
+        for sink in [*getattr(self, "sinks", []), *filter(None, extra)]:
             sink.close()
 
     # --- pieces ---------------------------------------------------------------------

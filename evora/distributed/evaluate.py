@@ -104,7 +104,22 @@ def candidate_matrices(results: list[UnitResult], population: int) -> dict[str, 
     }
     with_ppl = all(r.perplexity is not None for r in results)
     stack["perplexity"] = np.stack([r.perplexity[row] for _, r, row in order]) if with_ppl else None
+    routed = any(r.evaluated is not None for r in results)
+    stack["evaluated"] = (
+        np.stack([r.evaluated[row] if r.evaluated is not None else np.ones_like(r.correct[row]) for _, r, row in order])
+        if routed
+        else None
+    )
     return stack
+
+
+def row_means(values: np.ndarray, evaluated: np.ndarray | None) -> np.ndarray:
+    """Each row's mean over its evaluated cells (all cells when `evaluated` is None; NaN for none)."""
+    if evaluated is None:
+        return values.mean(axis=1)
+    counts = evaluated.sum(axis=1)
+    sums = np.where(evaluated, values, 0).sum(axis=1)
+    return np.divide(sums, counts, out=np.full(len(counts), np.nan), where=counts > 0)
 
 
 class EvaluationService:

@@ -26,7 +26,7 @@ from evora.engines import AdapterRef, Completion, EngineSpec, create_engine
 from evora.engines.adapter_store import AdapterScratch
 from evora.lora.layout import AdapterLayout
 from evora.strategies import get_strategy
-from evora.strategies.protocol import materialise
+from evora.strategies.protocol import materialise, prompts_of
 from evora.tasks import build_task
 from evora.tasks.fitness import perplexity
 from evora.tasks.prompts import PromptRenderer
@@ -79,6 +79,7 @@ class UnitResult:
     perplexity: np.ndarray | None = None
     kl: np.ndarray | None = None  # mean per-token KL of each completion to the base model; 0 for BASE rows
     texts: list[list[str]] | None = None
+    evaluated: np.ndarray | None = None  # [spec, prompt] bool when specs were routed to some prompts; None: all
 
 
 def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = None) -> EngineSpec:
@@ -145,6 +146,31 @@ def load_tokenizer(spec: EngineSpec) -> Any:
     )
 
 
+def evaluated_cells(unit: WorkUnit) -> np.ndarray:
+    """[spec, prompt] bool: every cell, except where a spec names the prompts it is evaluated on."""
+    mask = np.ones((len(unit.specs), len(unit.prompt_indices)), dtype=bool)
+    for row, spec in enumerate(unit.specs):
+        routed = prompts_of(spec)
+        if routed is not None:
+            wanted = set(routed)
+            mask[row] = [index in wanted for index in unit.prompt_indices]
+    return mask
+
+
+def scatter(mask: np.ndarray, values: Any, fill: Any, dtype: Any = np.float64) -> np.ndarray:
+    """Values of the evaluated cells (row-major) into a [spec, prompt] matrix; `fill` elsewhere."""
+    out = np.full(mask.shape, fill, dtype=dtype)
+    out[mask] = np.asarray(values, dtype=dtype)
+    return out
+
+
+def text_rows(mask: np.ndarray, texts: list[str]) -> list[list[str]]:
+    rows, it = [], iter(texts)
+    for row in mask:
+        rows.append([next(it) if evaluated else "" for evaluated in row])
+    return rows
+
+
 def process_tree_rss_mb() -> float:
     me = psutil.Process()
     return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**20
@@ -197,19 +223,19 @@ class EngineWorker:
         materialised = time.perf_counter()
         examples = [self.splits.get(unit.split)[i] for i in unit.prompt_indices]
         prompts = [self.prompt_ids(unit.split, i) for i in unit.prompt_indices]
-        pairs_prompts, pairs_adapters = [p for _ in refs for p in prompts], [r for r in refs for _ in prompts]
+        mask = evaluated_cells(unit)
+        cells = [(row, col) for row in range(len(refs)) for col in range(len(prompts)) if mask[row, col]]
+        pairs_prompts, pairs_adapters = [prompts[c] for _, c in cells], [refs[r] for r, _ in cells]
         completions = self.engine.generate(pairs_prompts, pairs_adapters, self.max_tokens)
         generated = time.perf_counter()
-        n = len(prompts)
-        rows = [completions[i * n : (i + 1) * n] for i in range(len(refs))]
-        scores = self.rewards.score([c.text for c in completions], examples * len(refs))  # all rows at once
+        scores = self.rewards.score([c.text for c in completions], [examples[c] for _, c in cells])  # all at once
         scored = time.perf_counter()
         ppl, tokens_scored = None, 0
         if unit.perplexity:
             targets = [self.renderer.target_ids(e) for e in examples]
-            logprobs = self.engine.score(pairs_prompts, [t for _ in refs for t in targets], pairs_adapters)
-            ppl = np.array([perplexity(lp) for lp in logprobs], dtype=np.float64).reshape(len(refs), n)
-            tokens_scored = len(refs) * sum(len(p) + len(t) for p, t in zip(prompts, targets))
+            logprobs = self.engine.score(pairs_prompts, [targets[c] for _, c in cells], pairs_adapters)
+            ppl = scatter(mask, [perplexity(lp) for lp in logprobs], np.nan)
+            tokens_scored = sum(len(prompts[c]) + len(targets[c]) for _, c in cells)
         perplexity_done = time.perf_counter()
         kl, tokens_kl = self.kl_to_base(pairs_prompts, completions, pairs_adapters) if unit.kl else (None, 0)
         loaded = [r for r in refs if r is not None]
@@ -217,9 +243,9 @@ class EngineWorker:
         self.scratch.remove(loaded)
         return UnitResult(
             indices=[s.index for s in unit.specs],
-            rewards=np.array(scores.rewards, dtype=np.float64).reshape(len(refs), n),
-            correct=np.array(scores.correct, dtype=bool).reshape(len(refs), n),
-            tokens=np.array([[c.num_tokens for c in row] for row in rows], dtype=np.int64),
+            rewards=scatter(mask, scores.rewards, np.nan),
+            correct=scatter(mask, scores.correct, False, bool),
+            tokens=scatter(mask, [c.num_tokens for c in completions], 0, np.int64),
             reward_errors=scores.errors,
             reward_timeouts=scores.timeouts,
             timings={
@@ -231,11 +257,12 @@ class EngineWorker:
             },
             worker=self.index,
             rss_mb=process_tree_rss_mb(),
-            tokens_prompt=len(refs) * sum(map(len, prompts)),
+            tokens_prompt=sum(len(p) for p in pairs_prompts),
             tokens_scored=tokens_scored + tokens_kl,
             perplexity=ppl,
-            kl=None if kl is None else kl.reshape(len(refs), n),
-            texts=[[c.text for c in row] for row in rows] if unit.keep_texts else None,
+            kl=None if kl is None else scatter(mask, kl, np.nan),
+            texts=text_rows(mask, [c.text for c in completions]) if unit.keep_texts else None,
+            evaluated=None if mask.all() else mask,
         )
 
     def kl_to_base(

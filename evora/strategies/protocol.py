@@ -31,6 +31,7 @@ from evora.tasks.base import Example
 PERTURB = "perturb"  # payload + seeded noise
 CENTER = "center"  # the evaluation payload's adapter
 BASE = "base"  # no adapter: the base model
+MEMBER = "member"  # one of a members payload's adapters (an ecology's organelles)
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,12 @@ class CandidateSpec:
     member: int = 0  # noise member id (the pair index when antithetic)
     sign: int = 1
     op: str = PERTURB
+    prompts: tuple[int, ...] | None = None  # the columns this candidate is evaluated on; None: all
 
     @property
     def label(self) -> str:
+        if self.op == MEMBER:
+            return f"g{self.generation}-m{self.member}"
         if self.op != PERTURB:
             return f"g{self.generation}-{self.op}"
         return f"g{self.generation}-c{self.index}{'+' if self.sign > 0 else '-'}"
@@ -61,6 +65,14 @@ class EvalPayload:
 
 
 @dataclass(frozen=True)
+class MembersPayload:
+    """Several adapters at once (MEMBER specs pick one by `member`): a routed portfolio."""
+
+    members: tuple[Tensors, ...]
+    layout: AdapterLayout | None = None
+
+
+@dataclass(frozen=True)
 class StrategyContext:
     """What a strategy may need to start: plain data, no engine."""
 
@@ -68,6 +80,8 @@ class StrategyContext:
     layout: AdapterLayout
     model_path: str  # local directory or hub id, for per-layer noise scales
     revision: str | None = None
+    train_families: tuple[str, ...] = ()  # the family of each train example (task=mix; "" otherwise)
+    prompts_per_generation: int = 0  # task.prompts_per_generation
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,7 @@ class GenerationResults:
     tokens: np.ndarray  # [candidates, prompts], generated tokens
     perplexity: np.ndarray | None  # [candidates, prompts] when the fitness needs it
     fitness: np.ndarray  # [candidates]: task.fitness of the row means, non-finite values replaced
+    evaluated: np.ndarray | None = None  # [candidates, prompts] bool, when specs carry `prompts`; None: every cell
 
 
 @dataclass
@@ -92,6 +107,7 @@ class Told:
     stats: dict[str, float]
     lineage: list[dict[str, Any]] = field(default_factory=list)
     spend: dict[str, int] = field(default_factory=dict)  # gradient strategies: tokens_prompt/generated/scored/trained
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # more JSONL files: name -> lines
 
 
 @dataclass(frozen=True)
@@ -143,6 +159,24 @@ class GradientStrategy(Protocol):
     def center(self, state: Any) -> Tensors: ...
 
 
+class PortfolioStrategy(Protocol):
+    """A population that serves as a routed portfolio (the ecology): at the finish the loop
+    chooses a routing map (family -> member) on the selection split and evaluates it."""
+
+    def members(self, state: Any) -> tuple[list[str], list[Tensors]]:
+        """The members' ids and adapters."""
+
+    def train_routing(self, state: Any) -> dict[str, str]:
+        """family -> member id from the search's own statistics, and "default" (no selection split)."""
+
+    def details(self, state: Any) -> dict[str, Any]:
+        """Numbers for the summary's details."""
+
+
+def is_portfolio(strategy: Any) -> bool:
+    return callable(getattr(strategy, "members", None))
+
+
 def is_gradient(strategy: Any) -> bool:
     return callable(getattr(strategy, "improve", None))
 
@@ -159,8 +193,15 @@ def materialise(strategy: Strategy | None, payload: Any, spec: Any) -> Tensors |
         return None
     if spec.op == CENTER:
         return payload.center
+    if spec.op == MEMBER:
+        return payload.members[spec.member]
     assert strategy is not None, "candidate specs need the run's strategy"
     return strategy.materialise(payload, spec)
+
+
+def prompts_of(spec: Any) -> tuple[int, ...] | None:
+    """The columns a spec is evaluated on (None: every prompt of its unit)."""
+    return getattr(spec, "prompts", None)
 
 
 def state_fields(state: Any) -> dict[str, Any]:

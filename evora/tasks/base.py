@@ -24,6 +24,7 @@ class Example:
     target: str = ""  # a reference completion (perplexity, supervised training); "" means `answer`
     prefix: str = ""  # the start of the model's turn, written for it (e.g. "<think>")
     rendered: str | None = None  # a prompt given in full by the data; used as it is, in every format
+    family: str = ""  # task=mix: the task family it comes from
 
     @property
     def reference(self) -> str:

@@ -6,7 +6,7 @@ chat template's own BOS is never doubled by a second tokenizer pass.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from evora.errors import ConfigError
 from evora.tasks.base import Example
@@ -23,11 +23,15 @@ def uses_chat_template(tokenizer: Any, prompt_format: str) -> bool:
 
 class PromptRenderer:
     def __init__(
-        self, tokenizer: Any, prompt_format: str, plain_template: str = "{prompt}", system_prompt: str | None = None
+        self,
+        tokenizer: Any,
+        prompt_format: str,
+        plain_template: str | Mapping[str, str] = "{prompt}",
+        system_prompt: str | None = None,
     ):
         self.tokenizer = tokenizer
         self.chat = uses_chat_template(tokenizer, prompt_format)
-        self.plain_template = plain_template
+        self.plain_template = plain_template  # one template, or one per family (task=mix)
         self.system_prompt = system_prompt
 
     def text(self, example: Example) -> str:
@@ -40,7 +44,10 @@ class PromptRenderer:
             opening = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             return opening + example.prefix
         system = f"{self.system_prompt}\n\n" if self.system_prompt else ""
-        return system + self.plain_template.format(prompt=example.prompt) + example.prefix
+        template = self.plain_template
+        if not isinstance(template, str):
+            template = template[example.family]
+        return system + template.format(prompt=example.prompt) + example.prefix
 
     def ids(self, example: Example) -> list[int]:
         # A chat template writes its own special tokens; plain text gets the tokenizer's (e.g. BOS).

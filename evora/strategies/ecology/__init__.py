@@ -1,0 +1,18 @@
+"""strategy=ecology: a population of LoRA organelles in an energy economy, routed per task
+family, learning within, by selection and by merging (Evolora)."""
+
+from evora.strategies.ecology.config import EcologyConfig, check_ecology
+from evora.strategies.ecology.strategy import Ecology, EcologyPayload, EcologyState, EcoSpec
+from evora.strategies.registry import register_strategy
+
+register_strategy(
+    "ecology",
+    config=EcologyConfig,
+    summary="an ecology of LoRA organelles: energy economy, per-family routing, merging, QD archive",
+    validate=check_ecology,
+    center="best_organelle",
+    report_keys=("condition", "organelles", "max_population", "plasticity", "router", "uplift_threshold"),
+    console_keys=(("population", "pop"), ("total_energy", "energy"), ("roi_mean", "roi")),
+)(Ecology)
+
+__all__ = ["EcoSpec", "Ecology", "EcologyConfig", "EcologyPayload", "EcologyState"]

@@ -1,0 +1,117 @@
+"""task=mix: several tasks at once, each a family, for strategies that specialise (the ecology).
+
+    task.families: {addition: 1, difference: 1, reversal: 1, letter_count: 1}
+
+Each family is a registered task, built with this config and its share of the split
+sizes (by weight; shares sum to the sizes exactly). Every example carries its family
+(`Example.family`), and rewards dispatch on it, so each family keeps its own reward.
+`task.heldout_families` are families seen only in the held-out split: their train and
+selection shares are given to the others (a family-shift evaluation). Train and selection
+are shuffled with the run seed; held-out with a fixed seed, so its head mixes families and
+runs of different seeds compare on the same examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import ClassVar
+
+from evora.config.schema import TaskConfig
+from evora.errors import ConfigError
+from evora.lora.noise import noise_key
+from evora.tasks.base import Example, Splits, register_task, task_class
+
+HELDOUT_SEED = 0
+
+
+def require(ok: bool, key: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value}: {rule}")
+
+
+def shares(total: int, weights: dict[str, float]) -> dict[str, int]:
+    """`total` split by weight, largest remainders first (ties: family order), summing to `total`."""
+    if total == 0 or not weights:
+        return {name: 0 for name in weights}
+    whole = sum(weights.values())
+    exact = {name: total * w / whole for name, w in weights.items()}
+    out = {name: int(value) for name, value in exact.items()}
+    order = sorted(weights, key=lambda name: -(exact[name] - out[name]))
+    for name in order[: total - sum(out.values())]:
+        out[name] += 1
+    return out
+
+
+def weighted(cfg: TaskConfig) -> dict[str, float]:
+    """The families in the mix: weight 0 leaves a family out (Hydra merges dict overrides
+    into the defaults, so `task.families.arithmetic=0` is how a default family is dropped)."""
+    return {name: weight for name, weight in cfg.families.items() if weight != 0}
+
+
+def check_mix(cfg: TaskConfig) -> None:
+    """task=mix's rules, before Ray: families named, registered, weighted; held-out families among them."""
+    for name, weight in cfg.families.items():
+        require(name != "mix", f"task.families.{name}", weight, "a mix cannot contain a mix")
+        task_class(name)  # unknown family: ConfigError naming task.name's allowed values
+        require(weight >= 0, f"task.families.{name}", weight, "must be a weight >= 0 (0 leaves it out)")
+    families = weighted(cfg)
+    require(bool(families), "task.families", dict(cfg.families), "task=mix needs a family of weight > 0")
+    for name in cfg.heldout_families:
+        if name not in families:
+            raise ConfigError(f"task.heldout_families={name}: not one of task.families ({', '.join(families)})")
+    trained = [name for name in families if name not in cfg.heldout_families]
+    require(bool(trained), "task.heldout_families", list(cfg.heldout_families), "leaves no family to train on")
+
+
+@register_task("mix")
+class MixTask:
+    name: ClassVar[str]
+    reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)  # per instance: the families' widest
+    check = staticmethod(check_mix)  # config validation calls it before Ray
+
+    def __init__(self, cfg: TaskConfig, seed: int):
+        check_mix(cfg)
+        self.cfg = cfg
+        self.seed = seed
+        self.families = {name: task_class(name)(self._family_config(name), seed) for name in weighted(cfg)}
+        low = min(type(t).reward_range[0] for t in self.families.values())
+        high = max(type(t).reward_range[1] for t in self.families.values())
+        self.reward_range = (low, high)
+        self.plain_template = {name: type(task).plain_template for name, task in self.families.items()}
+
+    def _family_config(self, name: str) -> TaskConfig:
+        cfg = self.cfg
+        trained = {f: w for f, w in weighted(cfg).items() if f not in cfg.heldout_families}
+        return dataclasses.replace(
+            cfg,
+            name=name,
+            families={},
+            heldout_families=[],
+            train_size=shares(cfg.train_size, trained).get(name, 0),
+            selection_size=shares(cfg.selection_size, trained).get(name, 0),
+            eval_size=shares(cfg.eval_size, weighted(cfg))[name],
+        )
+
+    def splits(self) -> Splits:
+        parts = {name: task.splits() for name, task in self.families.items()}
+
+        def tagged(split: str, name: str) -> list[Example]:
+            return [dataclasses.replace(e, family=name) for e in parts[name].get(split)]
+
+        def mixed(split: str, shuffle_seed: int) -> tuple[Example, ...]:
+            examples = [e for name in self.families for e in tagged(split, name)]
+            random.Random(shuffle_seed).shuffle(examples)
+            return tuple(examples)
+
+        return Splits(
+            mixed("train", noise_key(self.seed, "mix-train")),
+            mixed("selection", noise_key(self.seed, "mix-selection")),
+            mixed("heldout", HELDOUT_SEED),
+        )
+
+    def reward(self, completion: str, example: Example) -> float:
+        return self.families[example.family].reward(completion, example)
+
+    def correct(self, completion: str, example: Example) -> bool:
+        return self.families[example.family].correct(completion, example)
