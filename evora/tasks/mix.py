@@ -20,7 +20,7 @@ from typing import ClassVar
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
 from evora.lora.noise import noise_key
-from evora.tasks.base import Example, Splits, register_task, task_class
+from evora.tasks.base import Example, Splits, register_task, registered_tasks, task_class
 
 HELDOUT_SEED = 0
 
@@ -53,7 +53,9 @@ def check_mix(cfg: TaskConfig) -> None:
     """task=mix's rules, before Ray: families named, registered, weighted; held-out families among them."""
     for name, weight in cfg.families.items():
         require(name != "mix", f"task.families.{name}", weight, "a mix cannot contain a mix")
-        task_class(name)  # unknown family: ConfigError naming task.name's allowed values
+        if name not in registered_tasks():
+            allowed = ", ".join(t for t in registered_tasks() if t != "mix")
+            raise ConfigError(f"task.families.{name}: unknown task family; allowed: {allowed}")
         require(weight >= 0, f"task.families.{name}", weight, "must be a weight >= 0 (0 leaves it out)")
     families = weighted(cfg)
     require(bool(families), "task.families", dict(cfg.families), "task=mix needs a family of weight > 0")
