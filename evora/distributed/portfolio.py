@@ -11,6 +11,7 @@ evaluated by its family's member only, in one pass of MEMBER specs routed to pro
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -99,6 +100,7 @@ def write_routing(
 ) -> None:
     """adapters/organelles/<id>/ (PEFT) for every member, and routing.json naming them."""
     folder = run_dir / "adapters" / "organelles"
+    shutil.rmtree(folder, ignore_errors=True)  # a resumed run's finish: members that died since are not exported
     for member_id, adapter in zip(ids, members):
         save_adapter(folder / member_id, adapter, layout)
     document = {"routing": routing, "adapters": {i: f"adapters/organelles/{i}" for i in ids}}
