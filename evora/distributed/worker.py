@@ -226,7 +226,8 @@ class EngineWorker:
         mask = evaluated_cells(unit)
         cells = [(row, col) for row in range(len(refs)) for col in range(len(prompts)) if mask[row, col]]
         pairs_prompts, pairs_adapters = [prompts[c] for _, c in cells], [refs[r] for r, _ in cells]
-        completions = self.engine.generate(pairs_prompts, pairs_adapters, self.max_tokens)
+        # A routed unit may hold no pair at all (members routed to other examples): no engine call.
+        completions = self.engine.generate(pairs_prompts, pairs_adapters, self.max_tokens) if cells else []
         generated = time.perf_counter()
         scores = self.rewards.score([c.text for c in completions], [examples[c] for _, c in cells])  # all at once
         scored = time.perf_counter()
