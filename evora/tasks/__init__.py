@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evora.tasks import addition, arithmetic, conciseness, countdown, gsm8k, jsonl, mix, mmlu_pro  # noqa: F401  (registration)
+from evora.tasks import addition, arithmetic, conciseness, countdown, families, gsm8k, jsonl, mix, mmlu_pro  # noqa: F401  (registration)
 from evora.tasks.base import Example, Splits, Task, build_task, registered_tasks
 
 

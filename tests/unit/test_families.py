@@ -54,7 +54,9 @@ def test_heldout_pool_never_meets_the_training_pool(name):
 
 def test_heldout_pools_keep_related_facts_out_too():
     # a-b=c is held out exactly when b+c=a is; a number exactly when its reversal is; a word with every letter.
-    assert all(is_heldout_pair(b, a - b) == FAMILIES["difference"].is_heldout(a, b) for a, b in FAMILIES["difference"].items())
+    assert all(
+        is_heldout_pair(b, a - b) == FAMILIES["difference"].is_heldout(a, b) for a, b in FAMILIES["difference"].items()
+    )
     reversal = FAMILIES["reversal"]
     assert all(reversal.is_heldout(n) == reversal.is_heldout(int(str(n)[::-1])) for (n,) in reversal.items() if n % 10)
     held = FAMILIES["letter_count"].heldout_items()
@@ -69,7 +71,11 @@ def test_examples_carry_their_operands():
     assert (reversal_example(4820).prompt, reversal_example(4820).answer) == ("rev 4820=", "0284")
     assert reversal_example(4820).data == {"number": 4820}
     example = letter_count_example("a", "salad")
-    assert (example.prompt, example.answer, example.data) == ("count a in salad=", "2", {"letter": "a", "word": "salad"})
+    assert (example.prompt, example.answer, example.data) == (
+        "count a in salad=",
+        "2",
+        {"letter": "a", "word": "salad"},
+    )
     assert letter_count_example("m", "salad").answer == "0"
 
 
