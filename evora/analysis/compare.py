@@ -4,8 +4,10 @@ Each run becomes a `RunRow` (its eval/summary.json headline numbers, its best ad
 KL from the base model, and its held-out reward against search compute, from metrics.jsonl).
 `write_compare` writes compare.md, compare.json and, under plots/, compare.png (reward against
 compute), reward_kl.png (the reward-KL plane and its front) and, when a strategy has several runs
-(a sweep over seeds), consistency.png; `print_table` prints the same tables. No Ray, vLLM or W&B
-here: this runs on a laptop over copied run folders.
+(a sweep over seeds), consistency.png; `print_table` prints the same tables. When an ecology run is
+among them, the tables add the ecology's conditions (frozen / single / full, baselines beside them:
+episodes, mean ROI, merges, QD coverage, held-out accuracy and tokens per episode). No Ray, vLLM or
+W&B here: this runs on a laptop over copied run folders.
 """
 
 from __future__ import annotations
@@ -52,6 +54,18 @@ COLUMNS = (
     "wall-clock s",
 )
 CONSISTENCY_COLUMNS = ("strategy", "task", "model", "n", "mean", "std", "min", "max")
+# The ecology work's conditions table (frozen / single / full, and baselines beside them).
+CONDITION_COLUMNS = (
+    "run",
+    "condition",
+    "episodes",
+    "mean ROI",
+    "merges",
+    "QD coverage",
+    "held-out accuracy",
+    "held-out cost (tokens/episode)",
+)
+ECOLOGY = "ecology"
 LOG_SPAN = 100.0  # positive FLOPs spanning more than this factor get a log x axis
 LABEL_MAX = 8  # the reward-KL plane names its points only up to this many; more would be unreadable
 MARKERS = "osD^vPX*"
@@ -82,6 +96,22 @@ class RunRow:
     best_flops: float | None = None  # search FLOPs spent when the best adapter was found
     best_kl: float | None = None  # mean per-token KL(best adapter || base), held-out; None in older runs
     final_kl: float | None = None
+    # The conditions table: an ecology run's summary details (None for other runs and unfinished ones).
+    condition: str | None = None  # frozen | single | full (from config.yaml while the run is unfinished)
+    episodes: int | None = None
+    mean_roi: float | None = None
+    births: int | None = None
+    merges: int | None = None
+    retirements: int | None = None
+    qd_coverage: float | None = None
+    portfolio_accuracy: float | None = None  # the routed portfolio, held-out
+    portfolio_tokens: float | None = None
+    single_best_accuracy: float | None = None  # the best single organelle, held-out
+    # Every run: its best adapter's held-out accuracy and tokens per example (an ecology's episode).
+    best_accuracy: float | None = None
+    best_tokens: float | None = None
+    matched: str | None = None  # strategy.match: the run a compute-matched baseline spent as much as
+    matched_by: str | None = None  # strategy.match_by: flops | tokens | seconds
 
 
 # ---- collecting ---------------------------------------------------------------------
@@ -164,6 +194,36 @@ def _best_flops(metrics: list[dict[str, Any]], generation: int | None, flops_sea
     return found[-1] if found else flops_search
 
 
+def _ecology_fields(config: dict[str, Any], summary: dict[str, Any] | None) -> dict[str, Any]:
+    """RunRow's ecology fields from the summary's details; {} for a run that is not an ecology."""
+    strategy = config.get("strategy") if isinstance(config.get("strategy"), dict) else {}
+    details = (summary or {}).get("details") or {}
+    if "condition" not in details and strategy.get("name") != ECOLOGY:
+        return {}
+    portfolio, single = details.get("portfolio") or {}, details.get("single_best") or {}
+    condition = details.get("condition", strategy.get("condition"))
+    return {
+        "condition": None if condition is None else str(condition),
+        "episodes": _count(details.get("episodes")),
+        "mean_roi": _number(details.get("mean_roi")),
+        "births": _count(details.get("births")),
+        "merges": _count(details.get("merges")),
+        "retirements": _count(details.get("retirements")),
+        "qd_coverage": _number(details.get("qd_coverage")),
+        "portfolio_accuracy": _number(portfolio.get("accuracy")),
+        "portfolio_tokens": _number(portfolio.get("tokens")),
+        "single_best_accuracy": _number(single.get("accuracy")),
+    }
+
+
+def _matched_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """strategy.match / match_by of a compute-matched baseline (SFT, GRPO); {} when it matches nothing."""
+    strategy = config.get("strategy") if isinstance(config.get("strategy"), dict) else {}
+    if not strategy.get("match"):
+        return {}
+    return {"matched": str(strategy["match"]), "matched_by": str(strategy.get("match_by") or "flops")}
+
+
 def read_row(name: str, run: Path) -> RunRow:
     config = yaml.safe_load((run / CONFIG_FILE).read_text()) or {}
     summary = read_summary(run)
@@ -194,6 +254,10 @@ def read_row(name: str, run: Path) -> RunRow:
         best_flops=_best_flops(metrics, best_generation, flops_search) if summary else None,
         best_kl=headline(summary, "best", "kl"),
         final_kl=headline(summary, "final", "kl"),
+        best_accuracy=headline(summary, "best", "accuracy"),
+        best_tokens=headline(summary, "best", "tokens"),
+        **_ecology_fields(config, summary),
+        **_matched_fields(config),
     )
 
 
@@ -239,12 +303,19 @@ def front_flags(rows: list[RunRow]) -> list[bool | None]:
     return flags
 
 
+def _arm(row: RunRow) -> str:
+    # An ecology's conditions are different arms, not repeats of one: a sweep over them is no spread.
+    if row.condition is not None:
+        return f"{row.strategy or '-'} ({row.condition})"
+    return row.strategy or "-"
+
+
 def _groups(rows: list[RunRow]) -> dict[Group, list[RunRow]]:
     # The model is in the key too: a sweep over models is not a spread over seeds.
     groups: dict[Group, list[RunRow]] = {}
     for row in rows:
         if row.best is not None:
-            groups.setdefault((row.strategy or "-", row.task or "-", row.model or "-"), []).append(row)
+            groups.setdefault((_arm(row), row.task or "-", row.model or "-"), []).append(row)
     return groups
 
 
@@ -273,6 +344,82 @@ def consistency(rows: list[RunRow]) -> list[dict[str, Any]]:
 def has_spread(groups: list[dict[str, Any]]) -> bool:
     """Whether any strategy has several runs: only then is there a spread to show."""
     return any(group["n"] >= 2 for group in groups)
+
+
+# ---- the ecology's conditions ----------------------------------------------------------
+
+
+def is_ecology(row: RunRow) -> bool:
+    return row.strategy == ECOLOGY or row.condition is not None
+
+
+def has_ecology(rows: list[RunRow]) -> bool:
+    """Whether the conditions table is shown: only when some compared run is an ecology."""
+    return any(is_ecology(row) for row in rows)
+
+
+def condition_label(row: RunRow) -> str:
+    """An ecology's condition; any other run's strategy, marked when it is compute-matched."""
+    if is_ecology(row):
+        return row.condition or "-"
+    name = row.strategy or "-"
+    return f"{name} (matched)" if row.matched else name
+
+
+def heldout_accuracy(row: RunRow) -> float | None:
+    # What an ecology answers with is its routed portfolio; any other run's is its best adapter.
+    return row.portfolio_accuracy if is_ecology(row) else row.best_accuracy
+
+
+def heldout_tokens(row: RunRow) -> float | None:
+    """Held-out cost: mean tokens generated per example (an ecology's episode), as accuracy picks it."""
+    return row.portfolio_tokens if is_ecology(row) else row.best_tokens
+
+
+def matched_run(row: RunRow, rows: list[RunRow]) -> RunRow | None:
+    """The compared run that row's strategy.match names, if it is among rows."""
+    if not row.matched:
+        return None
+    target = Path(row.matched).expanduser()
+    for other in rows:
+        if other.path.resolve() == target.resolve():
+            return other
+    # A relative match path was relative to where that run started: fall back to the last two
+    # components (a sweep job is <sweep>/<n>; a lone run's folder name carries its timestamp).
+    tail = target.parts[-2:]
+    return next((other for other in rows if other is not row and other.path.parts[-len(tail) :] == tail), None)
+
+
+def condition_row(row: RunRow, rows: list[RunRow]) -> dict[str, Any]:
+    """One conditions-table row as compare.json stores it; None where the run has no such value."""
+    matched = matched_run(row, rows)
+    return {
+        "run": row.name,
+        "condition": condition_label(row),
+        "ecology": is_ecology(row),
+        "episodes": row.episodes,
+        "mean_roi": row.mean_roi,
+        "merges": row.merges,
+        "qd_coverage": row.qd_coverage,
+        "heldout_accuracy": heldout_accuracy(row),
+        "heldout_tokens": heldout_tokens(row),
+        "matched": matched.name if matched else row.matched,
+        "matched_by": row.matched_by,
+    }
+
+
+def condition_cells(row: RunRow) -> list[str]:
+    """The row in CONDITION_COLUMNS order; a non-ecology run has "-" in the ecology's own columns."""
+    return [
+        row.name,
+        condition_label(row),
+        _plain(row.episodes),
+        _reward(row.mean_roi),
+        _plain(row.merges),
+        _reward(row.qd_coverage),
+        _reward(heldout_accuracy(row)),
+        _plain(heldout_tokens(row), 2),
+    ]
 
 
 # ---- table --------------------------------------------------------------------------
@@ -328,7 +475,7 @@ def _rich_table(title: str, columns: tuple[str, ...], body: list[list[str]]) -> 
     table = Table(title=title)
     table.add_column(columns[0], no_wrap=True)  # a run name is what one copies; never split it
     for column in columns[1:]:
-        table.add_column(column, justify="left" if column in ("strategy", "task", "model") else "right")
+        table.add_column(column, justify="left" if column in ("strategy", "task", "model", "condition") else "right")
     for line in body:
         table.add_row(*line)
     return table
@@ -349,6 +496,9 @@ def print_table(rows: list[RunRow], console: Any = None) -> None:
     if has_spread(groups):
         spread = [consistency_cells(group) for group in groups]
         console.print(_rich_table("consistency across runs: best held-out reward", CONSISTENCY_COLUMNS, spread))
+    if has_ecology(rows):
+        conditions = [condition_cells(row) for row in rows]
+        console.print(_rich_table("ecology conditions (held-out: the routed portfolio)", CONDITION_COLUMNS, conditions))
 
 
 # ---- markdown -----------------------------------------------------------------------
@@ -422,25 +572,56 @@ def _consistency_lines(groups: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def _matched_line(row: RunRow, rows: list[RunRow]) -> str:
+    other = matched_run(row, rows)
+    against = "" if other is None else f"; `{other.name}` spent {_flops(other.flops_search)}"
+    named = f"`{other.name}`" if other else f"`{row.matched}` (not compared here)"
+    return (
+        f"- `{row.name}` is compute-matched to {named} by {row.matched_by}: "
+        f"{_flops(row.flops_search)} search FLOPs{against}."
+    )
+
+
+def conditions_lines(rows: list[RunRow]) -> list[str]:
+    """The ecology conditions section of compare.md (and of a sweep's report.md); [] without an ecology."""
+    if not has_ecology(rows):
+        return []
+    return [
+        "## Ecology conditions",
+        "",
+        "The ecology work's conditions: `frozen` (the base model only), `single` (one adapter, no ecology), "
+        "`full`; baselines beside them. Held-out accuracy and cost (mean tokens generated per episode) are the "
+        "routed portfolio's for an ecology run and the best adapter's for any other run; episodes, mean ROI "
+        '(per episode), merges and QD coverage are the ecology\'s own ("-" for other runs).',
+        "",
+        *_md_table(CONDITION_COLUMNS, [condition_cells(row) for row in rows]),
+        *([""] if any(row.matched for row in rows) else []),
+        *(_matched_line(row, rows) for row in rows if row.matched),
+    ]
+
+
 def markdown(rows: list[RunRow]) -> str:
     body = [cells(row, flag) for row, flag in zip(rows, front_flags(rows))]
     lines = ["# Held-out reward, KL and search compute", "", *_md_table(COLUMNS, body)]
     lines += ["", _leader_line(rows), "", *(_run_line(row) for row in rows)]
     lines += ["", *_plane_lines(rows)]
-    consistency_lines = _consistency_lines(consistency(rows))
-    if consistency_lines:
-        lines += ["", *consistency_lines]
+    for section in (_consistency_lines(consistency(rows)), conditions_lines(rows)):
+        if section:
+            lines += ["", *section]
     return "\n".join(lines) + "\n"
 
 
 def compare_json(rows: list[RunRow]) -> dict[str, Any]:
     """compare.json: every row's fields and its front flag, the runs left out of the plane, the spreads."""
     runs = [{**asdict(row), "path": str(row.path), "front": flag} for row, flag in zip(rows, front_flags(rows))]
-    return {
+    data = {
         "runs": runs,
         "reward_kl_left_out": [row.name for row in rows if plane_point(row) is None],
         "consistency": consistency(rows),
     }
+    if has_ecology(rows):  # only beside an ecology: other comparisons keep their keys
+        data["conditions"] = [condition_row(row, rows) for row in rows]
+    return data
 
 
 # ---- figure -------------------------------------------------------------------------
@@ -585,7 +766,7 @@ def consistency_figure(rows: list[RunRow]) -> Figure:
     ax = fig.add_subplot()
     for i, (key, runs) in enumerate(groups.items(), start=1):
         rewards = [row.best for row in runs if row.best is not None]
-        color, marker = styles[key[0]]
+        color, marker = styles[runs[0].strategy or "-"]  # an ecology arm keeps its strategy's style
         if len(rewards) >= 2:  # the dots show every run, so the box draws no outliers of its own
             ax.boxplot([rewards], positions=[i], widths=0.5, showfliers=False, manage_ticks=False)
         ax.scatter([i + x for x in _offsets(len(rewards))], rewards, color=color, marker=marker, zorder=3)

@@ -21,6 +21,7 @@ from matplotlib.collections import LineCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from evora.analysis.ecology_plots import ecology_figures  # noqa: E402
 from evora.strategies.pbt.space import KEYS as HYPERPARAMETERS  # noqa: E402 (Ray-free)
 from evora.tracking.metrics import read_metrics, read_trials  # noqa: E402
 from evora.tracking.run_dir import LINEAGE_FILE  # noqa: E402
@@ -383,7 +384,9 @@ def figures(run_dir: str | Path) -> dict[str, Callable[[], Figure]]:
         makers["reward"] = lambda: plot_reward(metrics)
         if not is_pbt(metrics) and any(k in r for r in metrics for k in PHASES):
             makers["timing"] = lambda: plot_timing(metrics)
-    if lineage:
+    ecology = ecology_figures(run)
+    # An ecology's lineage.jsonl holds only births (no fitness): its ancestry figure draws them instead.
+    if lineage and "ecology_ancestry" not in ecology:
         makers["lineage"] = lambda: plot_lineage(lineage, trials)
         effects = mutation_effects(lineage, trials)
         if effects:
@@ -393,7 +396,7 @@ def figures(run_dir: str | Path) -> dict[str, Callable[[], Figure]]:
     if trials:
         makers["hyperparameters"] = lambda: plot_hyperparameter_heatmap(trials)
         makers["survival"] = lambda: plot_hyperparameter_survival(trials)
-    return makers
+    return {**makers, **ecology}
 
 
 def write_sweep_plot(sweep_dir: str | Path) -> Path:

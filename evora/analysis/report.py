@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from evora.analysis.compare import conditions_lines, read_row, sweep_jobs
+from evora.analysis.ecology_plots import TITLES as ECOLOGY_TITLES
 from evora.analysis.plots import (
     HYPERPARAMETERS,
     PHASES,
@@ -35,6 +37,7 @@ PLOT_TITLES = {
     "mutations": "Mutation effectiveness",
     "hyperparameters": "Mean fitness by rank and learning rate",
     "survival": "Hyperparameter survival",
+    **ECOLOGY_TITLES,
 }
 
 
@@ -118,6 +121,54 @@ def _compute(summary: dict[str, Any]) -> list[str]:
         f"P = {compute['parameters']:,} parameters).",
         "",
     ]
+
+
+def _ecology(summary: dict[str, Any]) -> list[str]:
+    """An ecology run's totals, its routed portfolio against the single best organelle and the base
+    model on held-out, and the routing map; [] for any other strategy."""
+    details = summary.get("details") or {}
+    if "condition" not in details:
+        return []
+    energy = details.get("energy") or {}
+    return [
+        "## Ecology",
+        "",
+        f"Condition `{details['condition']}`: {_fmt(details.get('episodes'))} episodes, mean ROI "
+        f"{_fmt(details.get('mean_roi'))} per episode; births {_fmt(details.get('births'))} "
+        f"(merges {_fmt(details.get('merges'))}), retirements {_fmt(details.get('retirements'))}, "
+        f"{_fmt(details.get('population'))} organelles alive at the end; "
+        f"QD coverage {_fmt(details.get('qd_coverage'))}.",
+        f"Energy: {_fmt(energy.get('start'))} at the start, {_fmt(energy.get('end'))} at the end "
+        f"({_fmt(energy.get('earned'))} earned, {_fmt(energy.get('spent'))} spent, "
+        f"{_fmt(energy.get('retired'))} left with the retired).",
+        "",
+        *_ecology_heldout(summary, details),
+        "",
+        _routing_line(details.get("routing") or {}),
+        "",
+    ]
+
+
+def _ecology_heldout(summary: dict[str, Any], details: dict[str, Any]) -> list[str]:
+    single = details.get("single_best") or {}
+    rows = (
+        ("routed portfolio", details.get("portfolio") or {}),
+        (f"single best organelle (`{single.get('id', '-')}`)", single),
+        ("base model", summary.get("base") or {}),
+    )
+    lines = ["| held-out | reward | accuracy | tokens per episode |", "| --- | --- | --- | --- |"]
+    return lines + [
+        f"| {name} | {_fmt(m.get('reward'))} | {_fmt(m.get('accuracy'))} | {_fmt(m.get('tokens'))} |"
+        for name, m in rows
+    ]
+
+
+def _routing_line(routing: dict[str, Any]) -> str:
+    if not routing:
+        return "No routing map in the summary."
+    pairs = ", ".join(f"`{family}` -> `{member}`" for family, member in routing.items())
+    # "default" serves families the selection split never showed (e.g. held-out-only families).
+    return f"Routing map (family -> organelle, `routing.json`; `default` serves unseen families): {pairs}."
 
 
 def _curves(plots: list[Path]) -> list[str]:
@@ -209,7 +260,7 @@ def write_report(run_dir: str | Path, plots: list[Path] | None = None) -> Path:
     metrics, trials = read_metrics(run), read_trials(run)
     plots = write_plots(run) if plots is None else plots
     lines = [f"# Run report: {run.name}", ""]
-    lines += _configuration(config) + _best_variant(run, summary) + _final_metrics(summary)
+    lines += _configuration(config) + _best_variant(run, summary) + _final_metrics(summary) + _ecology(summary)
     lines += ["## Notable findings", ""] + [f"- {f}" for f in findings(metrics, summary, trials)] + [""]
     lines += _curves(plots) + _comparison(comparison)
     if is_pbt(metrics) or (run / LINEAGE_FILE).exists():
@@ -239,9 +290,17 @@ def write_sweep_report(sweep_dir: str | Path) -> list[Path]:
             f"| `{key}` | {len(values)} | {sum(values) / len(values):.4f} | {min(values):.4f} | {max(values):.4f} |"
         )
     lines += ["", f"![sweep]({PLOTS_DIR}/{plot.name})", ""]
+    lines += _sweep_conditions(folder)
     path = folder / REPORT
     path.write_text("\n".join(lines))
     return [plot, path]
+
+
+def _sweep_conditions(folder: Path) -> list[str]:
+    """The ecology conditions table over the sweep's jobs (named by job number); [] without an ecology."""
+    rows = [read_row(job.name, job) for job in sweep_jobs(folder)]
+    section = conditions_lines(rows)
+    return [*section, ""] if section else []
 
 
 def analyze(folder: str | Path) -> list[Path]:

@@ -491,11 +491,13 @@ class Driver:
             members,
             self.splits,
             self.strategy.train_routing(self.state),
+            confidence=self.strategy.routing_confidence,
             max_loras=self.run_cfg.engine.max_loras,
             generation=done,
             spend=spend,
         )
-        write_routing(self.run_dir, result["routing"], ids, members, self.layout)
+        scores = result.pop("selection_scores")
+        write_routing(self.run_dir, result["routing"], ids, members, self.layout, scores)
         return {**self.strategy.details(self.state), **result}
 
     def _close(self) -> None:

@@ -2,8 +2,9 @@
 
 The routing map (family -> member) is chosen on the selection split: every member is
 evaluated on all of it and each family goes to the member with the best mean reward on
-that family's examples; families the selection split lacks (held-out-only families) go
-to the single best member overall. Without a selection split the strategy's own train
+that family's examples when it beats the single best member overall there with confidence
+(`routing_map`), else to that single best; so do families the selection split lacks
+(held-out-only families). Without a selection split the strategy's own train
 statistics choose (`strategy.train_routing`). On held-out each example is then
 evaluated by its family's member only, in one pass of MEMBER specs routed to prompts.
 """
@@ -64,11 +65,26 @@ def evaluate_members(
     return out
 
 
-def routing_map(scores: dict[str, list[float]], ids: list[str], default: str) -> dict[str, str]:
-    """family -> the member id with the best score on it (ties: the lower position), and
-    "default" -> `default`, for families the scores do not cover."""
-    chosen = {family: ids[max(range(len(ids)), key=lambda i: (values[i], -i))] for family, values in scores.items()}
-    return {**chosen, "default": default}
+def routing_map(
+    rewards: np.ndarray, examples: Sequence[Example], ids: list[str], default: str, confidence: float = 0.0
+) -> dict[str, str]:
+    """family -> member id, and "default" -> `default` (families the examples lack go there).
+
+    A family leaves the default (the single best member) only for the member with the best
+    mean reward on it, and only if that member beats the default on the family's examples by
+    more than `confidence` standard errors of their paired difference: a few dozen selection
+    examples per family make a specialist's lead noisy, and a noisy switch costs held-out
+    reward (0: the best mean wins, ties to the lower position)."""
+    anchor = ids.index(default)
+    routing = {}
+    for family in sorted({e.family for e in examples}):
+        columns = [i for i, e in enumerate(examples) if e.family == family]
+        lead = rewards[:, columns] - rewards[anchor, columns]
+        means = lead.mean(axis=1)
+        best = max(range(len(ids)), key=lambda i: (means[i], -i))
+        error = lead[best].std(ddof=1) / np.sqrt(len(columns)) if len(columns) > 1 else 0.0
+        routing[family] = ids[best] if means[best] > 0 and means[best] > confidence * error else default
+    return {**routing, "default": default}
 
 
 def family_scores(rewards: np.ndarray, examples: Sequence[Example]) -> dict[str, list[float]]:
@@ -96,14 +112,22 @@ def routed_rows(routing: dict[str, str], ids: list[str], examples: Sequence[Exam
 
 
 def write_routing(
-    run_dir: Path, routing: dict[str, str], ids: list[str], members: Sequence[Tensors], layout: AdapterLayout
+    run_dir: Path,
+    routing: dict[str, str],
+    ids: list[str],
+    members: Sequence[Tensors],
+    layout: AdapterLayout,
+    scores: dict[str, dict[str, float]] | None = None,
 ) -> None:
-    """adapters/organelles/<id>/ (PEFT) for every member, and routing.json naming them."""
+    """adapters/organelles/<id>/ (PEFT) for every member, and routing.json naming them, with
+    the selection scores (family -> member -> mean reward) the map was chosen on."""
     folder = run_dir / "adapters" / "organelles"
     shutil.rmtree(folder, ignore_errors=True)  # a resumed run's finish: members that died since are not exported
     for member_id, adapter in zip(ids, members):
         save_adapter(folder / member_id, adapter, layout)
     document = {"routing": routing, "adapters": {i: f"adapters/organelles/{i}" for i in ids}}
+    if scores:
+        document["selection_scores"] = scores
     (run_dir / ROUTING_FILE).write_text(json.dumps(document, indent=2) + "\n")
 
 
@@ -114,13 +138,14 @@ def evaluate_portfolio(
     splits: Any,
     train_routing: dict[str, str],
     *,
+    confidence: float,
     max_loras: int,
     generation: int,
     spend: Spend,
 ) -> dict[str, Any]:
     """The routing map (on selection, else from training), and held-out metrics of the routed
     portfolio and of the single best member (the map's default)."""
-    routing = train_routing
+    routing, scores = train_routing, {}
     if splits.selection:
         selection = evaluate_members(
             pool, members, "selection", len(splits.selection), [None] * len(members),
@@ -128,7 +153,9 @@ def evaluate_portfolio(
         )  # fmt: skip
         overall = selection["rewards"].mean(axis=1)
         default = ids[max(range(len(ids)), key=lambda i: (overall[i], -i))]
-        routing = routing_map(family_scores(selection["rewards"], splits.selection), ids, default)
+        routing = routing_map(selection["rewards"], splits.selection, ids, default, confidence)
+        by_family = family_scores(selection["rewards"], splits.selection)
+        scores = {family: dict(zip(ids, values)) for family, values in by_family.items()}
     heldout = splits.heldout
     rows = routed_rows(routing, ids, heldout)
     single = ids.index(routing["default"])
@@ -143,4 +170,5 @@ def evaluate_portfolio(
         "portfolio": metrics_of(matrices, rows),
         "single_best": {"id": routing["default"], **metrics_of(matrices, [single] * len(heldout))},
         "members": len(members),
+        "selection_scores": scores,
     }

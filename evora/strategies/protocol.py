@@ -163,6 +163,8 @@ class PortfolioStrategy(Protocol):
     """A population that serves as a routed portfolio (the ecology): at the finish the loop
     chooses a routing map (family -> member) on the selection split and evaluates it."""
 
+    routing_confidence: float  # standard errors a specialist must lead the single best by (portfolio.routing_map)
+
     def members(self, state: Any) -> tuple[list[str], list[Tensors]]:
         """The members' ids and adapters."""
 

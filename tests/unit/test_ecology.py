@@ -202,9 +202,28 @@ def test_routed_cells_and_their_means():
     assert text_rows(mask, list("abcde")) == [["", "a", "b"], ["c", "d", "e"], ["", "", ""]]
 
 
-def test_routing_map_and_routed_metrics():
-    routing = routing_map({"x": [0.1, 0.9], "y": [0.5, 0.5]}, ["o1", "o2"], default="o1")
-    assert routing == {"x": "o2", "y": "o1", "default": "o1"}  # a tie goes to the lower position
+def test_routing_map_switches_a_family_only_for_a_confident_lead():
+    examples = [Example("p", "a", family=f) for f in "xxxxyyyy"]
+    rewards = np.array(
+        [
+            [0, 0, 0, 0, 1, 1, 0, 0],  # o1, the default
+            [1, 1, 1, 1, 1, 1, 0, 0],  # o2: leads on x on every example, ties on y
+            [1, 0, 0, 0, 0, 0, 0, 0],  # o3: leads on x on one example
+        ],
+        dtype=float,
+    )
+    ids = ["o1", "o2", "o3"]
+    assert routing_map(rewards, examples, ids, "o1") == {"x": "o2", "y": "o1", "default": "o1"}  # ties: default
+    # o2's lead on x has no spread: any confidence keeps it; o3's alone is a lead of 1/4 +- 1/4.
+    assert routing_map(rewards, examples, ids, "o1", confidence=5.0)["x"] == "o2"
+    rewards[1] = rewards[2]
+    assert routing_map(rewards, examples, ids, "o1", confidence=0.0)["x"] == "o2"  # same lead: lower position
+    assert routing_map(rewards, examples, ids, "o1", confidence=0.9)["x"] == "o2"
+    assert routing_map(rewards, examples, ids, "o1", confidence=1.1)["x"] == "o1"
+
+
+def test_routed_rows_and_metrics():
+    routing = {"x": "o2", "y": "o1", "default": "o1"}
     examples = [Example("p", "a", family=f) for f in ("x", "y", "z")]
     rows = routed_rows(routing, ["o1", "o2"], examples)
     assert rows == [1, 0, 0]  # z is unseen: the default serves it

@@ -30,6 +30,7 @@ class EcologyConfig:
     # Routing: a bandit per family over organelles, on episode ROI.
     router: str = "ucb"  # ucb | thompson
     exploration: float = 0.5  # UCB's bonus weight; Thompson's prior spread
+    routing_confidence: float = 1.0  # the final map: standard errors a specialist must lead the single best by
     # Learning within an organelle.
     plasticity: str = "es"  # es: an antithetic ES step from its own episodes | none
     probes: int = 2  # plasticity=es: antithetic pairs per organelle per generation
@@ -64,6 +65,7 @@ def check_ecology(cfg: EcologyConfig, run: Any = None) -> None:
     )
     for key in ("reward_price", "episode_fee", "token_price", "upkeep", "endowment", "exploration", "mutation_scale"):
         require(getattr(cfg, key) >= 0, f"strategy.{key}", getattr(cfg, key), "must be >= 0 (no negative prices)")
+    require(cfg.routing_confidence >= 0, "strategy.routing_confidence", cfg.routing_confidence, "must be >= 0")
     require(cfg.initial_energy > 0, "strategy.initial_energy", cfg.initial_energy, "must be > 0")
     for key in ("initial_energy", "endowment"):
         if cfg.energy_floor >= getattr(cfg, key):

@@ -110,6 +110,7 @@ class Ecology:
         self.prices = Prices(cfg.reward_price, cfg.episode_fee, cfg.token_price)
         self.full = cfg.condition == "full"
         self.plastic = cfg.condition != "frozen" and cfg.plasticity == "es"
+        self.routing_confidence = cfg.routing_confidence
 
     # --- state ----------------------------------------------------------------------
 
@@ -240,6 +241,8 @@ class Ecology:
             events += self._fill_niches(new, organelles, generation)
         new.organelles = [o.as_fields() for o in organelles]
         records = self._records(organelles, episodes, events, generation)
+        if self.full:
+            records["archive.jsonl"] = [self._archive_record(new, generation)]
         return Told(new, self._stats(new, episodes, steps), self._lineage(events, generation), records=records)
 
     def _settle(
@@ -406,6 +409,15 @@ class Ecology:
             for e in events
             if e["event"] == "birth"
         ]
+
+    def _archive_record(self, state: EcologyState, generation: int) -> dict[str, Any]:
+        """archive.jsonl: the MAP-Elites grid after the generation, each filled cell's elite and ROI."""
+        return {
+            "generation": generation + 1,
+            "families": self.training_families(state),
+            "cost_bins": list(self.cfg.cost_bins),
+            "cells": {cell: {"id": elite["id"], "roi": elite["roi"]} for cell, elite in sorted(state.archive.items())},
+        }
 
     @staticmethod
     def _records(
