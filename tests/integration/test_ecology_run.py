@@ -1,11 +1,13 @@
-"""strategy=ecology end to end through the CLI on the tiny model (task=mix: addition and arithmetic):
-births, merges and retirements happen; the routed portfolio beats the base model and
-scores at least the single best organelle; energy adds up; 1 and 2 workers and a resumed
-run give the same ecology bit for bit."""
+"""strategy=ecology end to end through the CLI on model=tiny_mix (task=mix: its four families,
+tuning/tiny_mix_ecology.yaml): births, merges and retirements happen; the routed portfolio
+beats the base model and scores at least the single best organelle; energy adds up; the
+ecology's files and plots are written; 1 and 2 workers and a resumed run give the same
+ecology bit for bit."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -17,7 +19,9 @@ from evora.tracking.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ecology-run")]
 
-ECOLOGY = ["task=mix", "strategy=ecology", "engine=hf", "generations=6", "eval_every=3"]
+ECOLOGY = ["model=tiny_mix", "task=mix", "strategy=ecology", "engine=hf", "generations=10", "eval_every=5"]
+FAMILIES = {"addition", "difference", "reversal", "letter_count"}
+PLOTS = ("ecology_population", "ecology_roi", "ecology_ancestry", "ecology_archive", "ecology_routing")
 
 
 def summary_of(run_dir: Path) -> dict:
@@ -29,8 +33,13 @@ def organelles(run_dir: Path) -> dict:
     return {p.name: load_file(p / "adapter_model.safetensors") for p in sorted(folder.iterdir())}
 
 
-def test_the_ecology_lives_reproduces_and_its_portfolio_beats_the_base_model():
-    run_dir, stdout = cli_run(*ECOLOGY, "hardware.num_workers=2")
+@pytest.fixture(scope="module")
+def two_workers() -> tuple[Path, str]:
+    return cli_run(*ECOLOGY, "hardware.num_workers=2")
+
+
+def test_the_ecology_lives_reproduces_and_its_portfolio_beats_the_base_model(two_workers):
+    run_dir, stdout = two_workers
     details = summary_of(run_dir)["details"]
     assert details["births"] >= 1 and details["merges"] >= 1 and details["retirements"] >= 1, details
     energy = details["energy"]
@@ -42,20 +51,34 @@ def test_the_ecology_lives_reproduces_and_its_portfolio_beats_the_base_model():
     assert routing["routing"] == details["routing"] and set(routing["adapters"]) == set(organelles(run_dir))
     assert routing["routing"]["default"] in routing["adapters"]
     episodes = read_metrics(run_dir, "episodes.jsonl")
-    assert len(episodes) == details["episodes"] and {e["family"] for e in episodes} == {"addition", "arithmetic"}
+    assert len(episodes) == details["episodes"] and {e["family"] for e in episodes} == FAMILIES
     lineage = read_metrics(run_dir, "lineage.jsonl")
     assert {r["op"] for r in lineage} >= {"merge"} and len(lineage) == details["births"]
     assert "routing" in stdout
+    archive = read_metrics(run_dir, "archive.jsonl")
+    assert [a["generation"] for a in archive] == list(range(1, 11))
+    assert len(archive[-1]["cells"]) / (len(FAMILIES) * 3) == pytest.approx(details["qd_coverage"])
+    assert set(routing["selection_scores"]) == FAMILIES
 
 
-def test_one_and_two_workers_and_a_resumed_run_give_the_same_ecology():
-    two, _ = cli_run(*ECOLOGY, "hardware.num_workers=2")
+def test_analyze_draws_the_ecology_and_reports_it(two_workers, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(two_workers[0], copy)
+    result = run_evora(["analyze", str(copy)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert all((copy / "plots" / f"{name}.png").is_file() for name in PLOTS)
+    report = (copy / "report.md").read_text()
+    assert "## Ecology" in report and all(f"plots/{name}.png" in report for name in PLOTS)
+
+
+def test_one_and_two_workers_and_a_resumed_run_give_the_same_ecology(two_workers):
+    two = two_workers[0]
     one, _ = cli_run(*ECOLOGY, "hardware.num_workers=1")
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    first = run_evora([f"tracking.out_dir={out}", *ECOLOGY[:-2], "generations=3", "eval_every=3"], cwd=out)
+    first = run_evora([f"tracking.out_dir={out}", *ECOLOGY[:-2], "generations=5", "eval_every=5"], cwd=out)
     assert first.returncode == 0, first.stderr[-4000:]
     part = only_run_dir(out)
-    second = run_evora([f"resume={part}", "generations=6"], cwd=out)
+    second = run_evora([f"resume={part}", "generations=10"], cwd=out)
     assert second.returncode == 0, second.stderr[-4000:]
     reference = organelles(two)
     for other in (one, part):
