@@ -3,6 +3,7 @@ them and addition: seeded disjoint splits, held-out pools kept out of training, 
 rewards, and greedy accuracy strictly between 0 and 1 on every family."""
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from evora.config.schema import TaskConfig
-from evora.models import locate_model
+from evora.models import build_tiny_mix, locate_model
 from evora.tasks import build_task
 from evora.tasks.addition import is_heldout_pair
 from evora.tasks.families import (
@@ -113,3 +114,25 @@ def test_bundled_tiny_mix_answers_part_of_every_family():
         texts = tokenizer.batch_decode(out[:, batch.input_ids.shape[1] :], skip_special_tokens=True)
         accuracy = sum(task.correct(text, e) for text, e in zip(texts, examples)) / len(examples)
         assert 0.0 < accuracy < 1.0, (name, accuracy)
+
+
+def test_the_build_is_reproducible():
+    """Same seed, same steps: the same tokenizer and the same weights, bit for bit."""
+
+    def build(steps: int):
+        torch.manual_seed(build_tiny_mix.SEED)
+        rng = random.Random(build_tiny_mix.SEED)
+        mix = build_tiny_mix.sources()
+        tokenizer = build_tiny_mix.train_tokenizer(rng, mix)
+        model = build_tiny_mix.build_model(len(tokenizer))
+        build_tiny_mix.pretrain(model, tokenizer, rng, mix, steps)
+        return tokenizer.backend_tokenizer.to_str(), model.state_dict()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the build does: reproducible reductions
+    try:
+        (vocab, weights), (vocab_again, weights_again) = build(3), build(3)
+    finally:
+        torch.set_num_threads(threads)
+    assert vocab == vocab_again and weights.keys() == weights_again.keys()
+    assert all(torch.equal(weights[k], weights_again[k]) for k in weights)
