@@ -146,20 +146,35 @@ def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
 
 
 EVAL_OPTIONS = {
-    "adapter": "a PEFT adapter folder, or base",
+    "adapter": "a PEFT adapter folder, a run's routing.json (its routed portfolio), or base",
     "compare": "true | false",
     "split": "heldout | selection | train",
     "out": "report folder",
 }
 
 
-def eval_main(argv: list[str]) -> None:
-    """`evora eval adapter=<dir|base> [compare=true] [split=heldout] [out=<dir>] [config overrides]`.
+def _owner_run(adapter: str | None) -> Path | None:
+    """The run folder (with its config.yaml) an adapter (<run>/adapters/<name>) or a routing
+    file (<run>/routing.json) comes from; None elsewhere."""
+    if adapter is None:
+        return None
+    path = Path(adapter)
+    if path.name.endswith(".json"):
+        owner = path.parent
+    elif path.parent.name == "adapters" and len(path.parents) > 1:
+        owner = path.parents[1]
+    else:
+        return None
+    return owner if (owner / "config.yaml").is_file() else None
 
-    An adapter inside a run folder (<run>/adapters/<name>) is evaluated with that run's
-    config (model, task, seed), overrides applied on top; elsewhere with the defaults."""
+
+def eval_main(argv: list[str]) -> None:
+    """`evora eval adapter=<dir|routing.json|base> [compare=true] [split=heldout] [out=<dir>] [config overrides]`.
+
+    An adapter inside a run folder (<run>/adapters/<name>), or a run's routing.json, is
+    evaluated with that run's config (model, task, seed), overrides applied on top; elsewhere
+    with the defaults. A routing.json is evaluated as its routed portfolio."""
     from datetime import datetime
-    from pathlib import Path
 
     from evora.config.compose import compose_run
     from evora.config.overlay import overlay, saved_run_config
@@ -177,18 +192,24 @@ def eval_main(argv: list[str]) -> None:
         if split not in ("heldout", "selection", "train"):
             raise ConfigError(f"split={split}: allowed: heldout, selection, train")
         adapter = None if options["adapter"] == "base" else str(Path(options["adapter"]).resolve())
-        owner = Path(adapter).parents[1] if adapter else None
-        in_run = owner is not None and Path(adapter).parent.name == "adapters" and (owner / "config.yaml").is_file()
-        run = overlay(saved_run_config(owner), overrides) if in_run else compose_run(overrides)
+        routed = adapter is not None and adapter.endswith(".json")
+        owner = _owner_run(adapter)
+        run = overlay(saved_run_config(owner), overrides) if owner else compose_run(overrides)
         stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        name = "portfolio" if routed else Path(adapter or "base").name
         out = options.get("out") or str(
-            owner / "eval" / Path(adapter).name if in_run else Path(run.tracking.out_dir) / f"{stamp}_eval"
+            owner / "eval" / name if owner else Path(run.tracking.out_dir) / f"{stamp}_eval"
         )
-        from evora.distributed.eval_job import run_evaluation
+        from evora.distributed.eval_job import run_evaluation, run_portfolio_evaluation
 
-        report = run_evaluation(run, adapter, compare == "true", split, out)
+        evaluate = run_portfolio_evaluation if routed else run_evaluation
+        report = evaluate(run, adapter, compare == "true", split, out)
     except EvoraError as error:
         _die(error)
+    _print_eval(report)
+
+
+def _print_eval(report: dict[str, Any]) -> None:
     adapter_metrics = report["adapter_metrics"]
     if "base_metrics" in report:
         base, counts = report["base_metrics"], report["counts"]
@@ -200,6 +221,16 @@ def eval_main(argv: list[str]) -> None:
         )
     else:
         print(f"{report['split']}: " + ", ".join(f"{k} {v:.3f}" for k, v in adapter_metrics.items()))
+    if "portfolio" in report:  # a routed portfolio: who served which family, and how well
+        section = report["portfolio"]
+        served = ", ".join(
+            f"{f or '(none)'} -> {m['member']} {m['reward']:.3f}" for f, m in section["families"].items()
+        )
+        single = section["single_best"]
+        print(
+            f"routed portfolio reward {section['reward']:.3f} ({served}); "
+            f"single best {single['id']} {single['reward']:.3f}"
+        )
     print("reports: " + ", ".join(report["paths"]))
 
 

@@ -7,12 +7,15 @@ that family's examples when it beats the single best member overall there with c
 (held-out-only families). Without a selection split the strategy's own train
 statistics choose (`strategy.train_routing`). On held-out each example is then
 evaluated by its family's member only, in one pass of MEMBER specs routed to prompts.
+`evora eval adapter=<run>/routing.json` reads the map back (`read_routing`) and evaluates
+it the same way (`evaluate_routed`), so it reproduces the run's numbers.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,6 +25,7 @@ import ray
 from evora.distributed.evaluate import EVAL_CHUNK, chunks, spend_of
 from evora.distributed.pool import WorkerPool
 from evora.distributed.worker import WorkUnit
+from evora.errors import ConfigError
 from evora.lora.layout import AdapterLayout
 from evora.lora.peft_io import save_adapter
 from evora.strategies.protocol import MEMBER, CandidateSpec, MembersPayload, Tensors
@@ -29,6 +33,46 @@ from evora.tasks.base import Example
 from evora.tracking.compute import Spend
 
 ROUTING_FILE = "routing.json"
+
+
+@dataclass(frozen=True)
+class RoutingFile:
+    """A run's routing.json, read back: the map and its members' adapter folders, in file order."""
+
+    path: Path
+    routing: dict[str, str]  # family -> member id, and "default"
+    ids: tuple[str, ...]
+    folders: tuple[Path, ...]  # PEFT adapter folders (paths in the file are relative to its folder)
+
+
+def read_routing(path: str | Path) -> RoutingFile:
+    """routing.json as `write_routing` writes it; anything else is one ConfigError naming the file."""
+    file = Path(path)
+
+    def bad(reason: str) -> ConfigError:
+        return ConfigError(f'adapter="{file}": {reason}')
+
+    if not file.is_file():
+        raise bad("file not found (a run's routing.json)")
+    try:
+        document = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise bad(f"not JSON ({error})") from None
+    for key in ("routing", "adapters"):
+        if not isinstance(document, dict) or not isinstance(document.get(key), dict) or not document[key]:
+            raise bad(f'no "{key}" map (a routing file has "routing": family -> member, "adapters": member -> folder)')
+    routing, adapters = document["routing"], document["adapters"]
+    if "default" not in routing:
+        raise bad('"routing" has no "default" member (families it does not name go there)')
+    for family, member in routing.items():
+        if not isinstance(member, str) or member not in adapters:
+            raise bad(f'"routing": {family} -> {member}: not one of its "adapters" ({", ".join(adapters)})')
+    folders = []
+    for member, folder in adapters.items():
+        if not isinstance(folder, str) or not (file.parent / folder).is_dir():
+            raise bad(f'member {member}: adapter folder "{folder}" not found (relative to {file.parent})')
+        folders.append(file.parent / folder)
+    return RoutingFile(file, dict(routing), tuple(adapters), tuple(folders))
 
 
 def evaluate_members(
@@ -41,12 +85,14 @@ def evaluate_members(
     max_loras: int,
     generation: int,
     spend: Spend,
+    keep_texts: bool = False,
 ) -> dict[str, np.ndarray]:
     """rewards, correct, tokens [member, example] of the first `size` examples of `split`, and
-    `evaluated`: each member on its routed examples (None: all)."""
+    `evaluated`: each member on its routed examples (None: all); keep_texts: also `texts`, the
+    completions ("" where not evaluated)."""
     specs = [CandidateSpec(generation, i, member=i, op=MEMBER, prompts=routes[i]) for i in range(len(members))]
     units = [
-        WorkUnit(tuple(group), split, tuple(block))
+        WorkUnit(tuple(group), split, tuple(block), keep_texts)
         for block in chunks(list(range(size)), EVAL_CHUNK)
         for group in chunks(specs, max_loras)
     ]
@@ -54,6 +100,8 @@ def evaluate_members(
     spend.add(spend_of(results))
     out = {name: np.zeros((len(members), size), dtype=dtype) for name, dtype in
            (("rewards", np.float64), ("correct", bool), ("tokens", np.int64), ("evaluated", bool))}  # fmt: skip
+    if keep_texts:
+        out["texts"] = np.full((len(members), size), "", dtype=object)
     for unit, result in zip(units, results):
         columns = list(unit.prompt_indices)
         for row, index in enumerate(result.indices):
@@ -62,6 +110,8 @@ def evaluate_members(
             out["correct"][index, columns] = result.correct[row]
             out["tokens"][index, columns] = result.tokens[row]
             out["evaluated"][index, columns] = mask
+            if keep_texts:
+                out["texts"][index, columns] = result.texts[row]
     return out
 
 
@@ -107,8 +157,46 @@ def metrics_of(matrices: dict[str, np.ndarray], row_of_example: list[int]) -> di
     }
 
 
+def family_metrics(
+    matrices: dict[str, np.ndarray], row_of_example: list[int], examples: Sequence[Example]
+) -> dict[str, dict[str, float]]:
+    """family -> its examples' count and metrics of the example-wise routed outcomes."""
+    out = {}
+    for family in sorted({e.family for e in examples}):
+        columns = [j for j, e in enumerate(examples) if e.family == family]
+        picked = {name: matrices[name][:, columns] for name in ("rewards", "correct", "tokens")}
+        out[family] = {"examples": len(columns), **metrics_of(picked, [row_of_example[j] for j in columns])}
+    return out
+
+
 def routed_rows(routing: dict[str, str], ids: list[str], examples: Sequence[Example]) -> list[int]:
     return [ids.index(routing.get(e.family, routing["default"])) for e in examples]
+
+
+def evaluate_routed(
+    pool: WorkerPool,
+    ids: list[str],
+    members: Sequence[Tensors],
+    routing: dict[str, str],
+    split: str,
+    examples: Sequence[Example],
+    *,
+    max_loras: int,
+    generation: int,
+    spend: Spend,
+    keep_texts: bool = False,
+) -> tuple[dict[str, np.ndarray], list[int]]:
+    """Each example of `split` by its family's member (`routing`; families it lacks: "default"),
+    in one pass; the default member is evaluated on every example, since it is the portfolio's
+    rival (the single best). Returns the [member, example] matrices and each example's row."""
+    rows = routed_rows(routing, ids, examples)
+    single = ids.index(routing["default"])
+    routes = [None if i == single else tuple(j for j, r in enumerate(rows) if r == i) for i in range(len(members))]
+    matrices = evaluate_members(
+        pool, members, split, len(examples), routes,
+        max_loras=max_loras, generation=generation, spend=spend, keep_texts=keep_texts,
+    )  # fmt: skip
+    return matrices, rows
 
 
 def write_routing(
@@ -157,13 +245,9 @@ def evaluate_portfolio(
         by_family = family_scores(selection["rewards"], splits.selection)
         scores = {family: dict(zip(ids, values)) for family, values in by_family.items()}
     heldout = splits.heldout
-    rows = routed_rows(routing, ids, heldout)
     single = ids.index(routing["default"])
-    routes = [
-        None if i == single else tuple(j for j, r in enumerate(rows) if r == i) for i in range(len(members))
-    ]  # the single best is evaluated on every example: it is the portfolio's rival
-    matrices = evaluate_members(
-        pool, members, "heldout", len(heldout), routes, max_loras=max_loras, generation=generation, spend=spend
+    matrices, rows = evaluate_routed(
+        pool, ids, members, routing, "heldout", heldout, max_loras=max_loras, generation=generation, spend=spend
     )
     return {
         "routing": routing,
