@@ -23,7 +23,14 @@ from evora.analysis.live import RewardPlotSink
 from evora.analysis.plots import write_plots
 from evora.config.schema import RunConfig
 from evora.config.validate import check_split_sizes
-from evora.distributed.evaluate import candidate_matrices, chunks, evaluate_split, row_means, spend_of
+from evora.distributed.evaluate import (
+    candidate_matrices,
+    candidate_texts,
+    chunks,
+    evaluate_split,
+    row_means,
+    spend_of,
+)
 from evora.distributed.finish import Outcome, final_event, report_against_base, write_run_summary
 from evora.distributed.pool import WorkerPool
 from evora.distributed.portfolio import ROUTING_FILE, evaluate_portfolio, write_routing
@@ -313,8 +320,9 @@ class Driver:
         started = time.perf_counter()
         specs, payload = self.strategy.ask(self.state, generation)
         prompts = routed_prompts(specs) or self._prompt_batch(generation)
+        texts = bool(getattr(self.strategy, "keeps_texts", False))  # the ecology's self-training reads them
         units = [
-            WorkUnit(tuple(c), "train", prompts, perplexity=self.fitness.needs_perplexity)
+            WorkUnit(tuple(c), "train", prompts, keep_texts=texts, perplexity=self.fitness.needs_perplexity)
             for c in chunks(specs, self.run_cfg.engine.max_loras)
         ]
         results = self.pool.run(ray.put(payload), units)
@@ -405,8 +413,9 @@ class Driver:
         fitness, invalid = finite_fitness(
             np.array([self.fitness({k: v[i] for k, v in means.items()}) for i in range(population)], dtype=np.float64)
         )
+        texts = candidate_texts(results, population) if getattr(self.strategy, "keeps_texts", False) else None
         return GenerationResults(
-            generation, prompts, m["rewards"], m["correct"], m["tokens"], m["perplexity"], fitness, evaluated
+            generation, prompts, m["rewards"], m["correct"], m["tokens"], m["perplexity"], fitness, evaluated, texts
         ), invalid
 
     def _account(

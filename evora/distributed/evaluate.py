@@ -113,6 +113,20 @@ def candidate_matrices(results: list[UnitResult], population: int) -> dict[str, 
     return stack
 
 
+def candidate_texts(results: list[UnitResult], population: int) -> list[list[str]]:
+    """Completion texts [candidate][prompt] in population order ("" where a cell was not
+    evaluated), from units that kept their texts."""
+    rows: list[list[str] | None] = [None] * population
+    for result in results:
+        if result.texts is None:
+            raise RuntimeError("a unit that was asked for its completions came back without them")
+        for row, index in enumerate(result.indices):
+            rows[index] = result.texts[row]
+    if any(r is None for r in rows):
+        raise RuntimeError("a generation's results do not cover its population exactly once")
+    return [r for r in rows if r is not None]
+
+
 def row_means(values: np.ndarray, evaluated: np.ndarray | None) -> np.ndarray:
     """Each row's mean over its evaluated cells (all cells when `evaluated` is None; NaN for none)."""
     if evaluated is None:

@@ -96,6 +96,8 @@ class GenerationResults:
     perplexity: np.ndarray | None  # [candidates, prompts] when the fitness needs it
     fitness: np.ndarray  # [candidates]: task.fitness of the row means, non-finite values replaced
     evaluated: np.ndarray | None = None  # [candidates, prompts] bool, when specs carry `prompts`; None: every cell
+    texts: list[list[str]] | None = None  # [candidates][prompts] completions ("" where not evaluated), when the
+    # strategy's `keeps_texts` is true (the ecology's self-training); None otherwise
 
 
 @dataclass
@@ -184,8 +186,9 @@ def is_gradient(strategy: Any) -> bool:
 
 
 def trains_on_driver(strategy: Any) -> bool:
-    """Gradient strategies, and population strategies that refine by gradient (memetic GA:
-    `refines` is true and `refine(state, generation, context) -> Told | None` follows each tell)."""
+    """Gradient strategies, and population strategies that refine by gradient (memetic GA, the
+    ecology under plasticity=sft: `refines` is true and `refine(state, generation, context) ->
+    Told | None` follows each tell)."""
     return is_gradient(strategy) or bool(getattr(strategy, "refines", False))
 
 

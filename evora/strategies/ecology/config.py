@@ -9,7 +9,7 @@ from evora.strategies.adapter_init import check_init
 from evora.strategies.checks import choice, fail, require
 
 CONDITIONS = ("frozen", "single", "full")  # the ecology work's three conditions
-PLASTICITY = ("es", "none")
+PLASTICITY = ("es", "sft", "none")
 ROUTERS = ("ucb", "thompson")
 
 
@@ -32,10 +32,13 @@ class EcologyConfig:
     exploration: float = 0.5  # UCB's bonus weight; Thompson's prior spread
     routing_confidence: float = 1.0  # the final map: standard errors a specialist must lead the single best by
     # Learning within an organelle.
-    plasticity: str = "es"  # es: an antithetic ES step from its own episodes | none
+    plasticity: str = "es"  # es: an antithetic ES step from its own episodes | sft: SFT on its successes | none
     probes: int = 2  # plasticity=es: antithetic pairs per organelle per generation
     sigma: float = 0.3  # plasticity=es: probe noise
     lr: float = 0.1  # plasticity=es: step size
+    sft_min_reward: float = 1.0  # plasticity=sft: an episode's reward at or above it makes its completion a target
+    sft_steps: int = 2  # plasticity=sft: optimizer steps per trained organelle per generation
+    sft_learning_rate: float = 1.0e-3  # plasticity=sft: AdamW learning rate (the SFT baseline's trainer)
     # Reproduction and merging.
     window: int = 8  # episodes an organelle's recent ROI is measured over
     uplift_threshold: float = 0.2  # mean recent ROI an organelle must clear to reproduce
@@ -73,6 +76,8 @@ def check_ecology(cfg: EcologyConfig, run: Any = None) -> None:
     require(cfg.probes >= 1, "strategy.probes", cfg.probes, "must be >= 1")
     require(cfg.sigma > 0, "strategy.sigma", cfg.sigma, "must be > 0")
     require(cfg.lr > 0, "strategy.lr", cfg.lr, "must be > 0")
+    require(cfg.sft_steps >= 1, "strategy.sft_steps", cfg.sft_steps, "must be an integer >= 1")
+    require(cfg.sft_learning_rate > 0, "strategy.sft_learning_rate", cfg.sft_learning_rate, "must be > 0")
     require(cfg.window >= 1, "strategy.window", cfg.window, "must be >= 1")
     require(0 <= cfg.merge_rate <= 1, "strategy.merge_rate", cfg.merge_rate, "must be in [0, 1]")
     require(cfg.max_births >= 0, "strategy.max_births", cfg.max_births, "must be >= 0")

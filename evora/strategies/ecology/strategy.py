@@ -6,9 +6,10 @@ got episodes is one MEMBER-like `serve` candidate evaluated on exactly those pro
 with plasticity=es, a few antithetic `probe` pairs around it on the same prompts (seeds
 only). All of them run as one multi-LoRA batch on the workers. `tell` settles the episodes
 (energy, ROI, the bandit's statistics), charges every organelle its upkeep, takes each
-organelle's ES step from its probes, retires the bankrupt, lets organelles that clear the
-uplift threshold reproduce (a mutated copy, or a merge of two), updates the MAP-Elites
-archive and fills empty family niches.
+organelle's ES step from its probes (plasticity=sft instead keeps its successful episodes'
+completions, and `refine` trains it on them on the driver: `selftrain.py`), retires the
+bankrupt, lets organelles that clear the uplift threshold reproduce (a mutated copy, or a
+merge of two), updates the MAP-Elites archive and fills empty family niches.
 
 Conditions (the ecology work's three): `frozen` is one zero adapter (the base model) that
 never changes; `single` one adapter with plasticity and no ecology; `full` everything.
@@ -31,7 +32,15 @@ from evora.strategies.ecology.config import EcologyConfig
 from evora.strategies.ecology.economy import Organelle, Prices, endow, record, units
 from evora.strategies.ecology.merge import merge_adapters
 from evora.strategies.ecology.routing import route
-from evora.strategies.protocol import GenerationResults, StrategyContext, Tensors, Told, clone_tensors
+from evora.strategies.ecology.selftrain import self_train, successes
+from evora.strategies.protocol import (
+    GenerationResults,
+    StrategyContext,
+    Tensors,
+    Told,
+    TrainingContext,
+    clone_tensors,
+)
 from evora.strategies.shaping import zscore
 
 SERVE, PROBE = "serve", "probe"
@@ -80,6 +89,9 @@ class EcologyState:
     births: int = 0
     merges: int = 0
     retirements: int = 0
+    # plasticity=sft: the last tell's successful episodes ({"organelle", "example", "completion"}), which the
+    # refine that follows trains on and empties
+    sft_batch: list[dict[str, Any]] = field(default_factory=list)
 
 
 def living(state: EcologyState) -> list[Organelle]:
@@ -110,7 +122,24 @@ class Ecology:
         self.prices = Prices(cfg.reward_price, cfg.episode_fee, cfg.token_price)
         self.full = cfg.condition == "full"
         self.plastic = cfg.condition != "frozen" and cfg.plasticity == "es"
+        self.self_training = cfg.condition != "frozen" and cfg.plasticity == "sft"
         self.routing_confidence = cfg.routing_confidence
+
+    @property
+    def keeps_texts(self) -> bool:
+        """plasticity=sft: the loop returns the completions' texts (GenerationResults.texts)."""
+        return self.self_training
+
+    @property
+    def refines(self) -> bool:
+        """plasticity=sft: the loop gives it a TrainingContext and calls `refine` after each tell."""
+        return self.self_training
+
+    def refine(self, state: EcologyState, generation: int, context: TrainingContext) -> Told | None:
+        """Each organelle's self-training on its successes of the generation (`selftrain.py`)."""
+        if not self.self_training:
+            return None
+        return self_train(self.cfg, self.run_seed, state, generation, context)
 
     # --- state ----------------------------------------------------------------------
 
@@ -231,6 +260,8 @@ class Ecology:
         organelles = living(state)
         new = EcologyState(**{**state.__dict__, "archive": dict(state.archive)})
         episodes = self._settle(new, organelles, specs, results)
+        served = [(organelles[s.organelle].id, s.index, s.prompts) for s in specs if s.op == SERVE]
+        new.sft_batch = successes(served, results, self.cfg.sft_min_reward) if self.self_training else []
         self._charge_upkeep(new, organelles)
         steps = self._learn(new, organelles, specs, results) if self.plastic else {}
         events: list[dict[str, Any]] = []
