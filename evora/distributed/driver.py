@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -448,9 +448,10 @@ class Driver:
         center = self.strategy.center(self.state)
         adapters = self.run_dir / "adapters"
         save_adapter(adapters / center_name, center, self.layout)
-        best = self.best or Best(float("nan"), done, center, self.last)
-        save_adapter(adapters / "best", best.adapter, self.layout)
         spend = Spend()
+        details = self._portfolio(done, spend) if is_portfolio(self.strategy) else {}
+        best = self._single_best(details, done) if details else self.best or Best(float("nan"), done, center, self.last)
+        save_adapter(adapters / "best", best.adapter, self.layout)
         report = report_against_base(
             lambda theta, layout, ops: self._evaluate(
                 "heldout", ops, best.generation, theta=theta, keep_texts=True, perplexity=True, spend=spend
@@ -464,9 +465,10 @@ class Driver:
             out_dir=self.run_dir / "eval",
             stem="best_vs_base",
         )
-        details, adapters = {}, {"best": "adapters/best", center_name: f"adapters/{center_name}"}
-        if is_portfolio(self.strategy):
-            details = self._portfolio(done, spend)
+        adapters = {"best": "adapters/best", center_name: f"adapters/{center_name}"}
+        if details:
+            metrics = self._with_fitness(report["adapter_metrics"])
+            best = replace(best, heldout={k: metrics[k] for k in self.last if k in metrics})
             adapters.update(organelles="adapters/organelles", routing=ROUTING_FILE)
         self.ledger.evaluation.add(spend)
         self.ledger.add_seconds("evaluation", time.perf_counter() - started)
@@ -490,6 +492,12 @@ class Driver:
             details=details,
         )
         return final_event(summary, self.run_dir)
+
+    def _single_best(self, details: dict[str, Any], done: int) -> Best:
+        """A portfolio's adapters/best: its single best member on selection (the routing map's
+        default), not the best center of the search; its held-out metrics come from the report."""
+        ids, members = self.strategy.members(self.state)
+        return Best(float("nan"), done, members[ids.index(details["single_best"]["id"])], {})
 
     def _portfolio(self, done: int, spend: Spend) -> dict[str, Any]:
         """A routed portfolio (the ecology): its routing map, held-out metrics, exported members."""

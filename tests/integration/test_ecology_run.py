@@ -47,6 +47,10 @@ def test_the_ecology_lives_reproduces_and_its_portfolio_beats_the_base_model(two
     base = summary_of(run_dir)["base"]
     assert details["portfolio"]["reward"] >= details["single_best"]["reward"], details
     assert details["portfolio"]["reward"] > base["reward"], (details["portfolio"], base)
+    best = load_file(run_dir / "adapters" / "best" / "adapter_model.safetensors")
+    single = organelles(run_dir)[details["single_best"]["id"]]  # adapters/best: the single best on selection
+    assert best.keys() == single.keys() and all(best[k].equal(single[k]) for k in single)
+    assert summary_of(run_dir)["best"]["reward"] == details["single_best"]["reward"]
     routing = json.loads((run_dir / "routing.json").read_text())
     assert routing["routing"] == details["routing"] and set(routing["adapters"]) == set(organelles(run_dir))
     assert routing["routing"]["default"] in routing["adapters"]
