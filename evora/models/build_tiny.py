@@ -63,21 +63,33 @@ def countdown_sample(rng: random.Random) -> tuple[str, str]:
 
 
 def train_tokenizer(rng: random.Random):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import pre_tokenizers
 
     pairs = training_pairs()
     corpus = ["".join(addition_sample(rng, pairs)) for _ in range(5000)]
     corpus += ["".join(countdown_sample(rng)) for _ in range(500)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    return bpe_tokenizer(
+        corpus,
+        VOCAB_SIZE,
+        pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        ),
     )
+
+
+def bpe_tokenizer(corpus: list[str], vocab_size: int, pre_tokenizer):
+    """A byte-level BPE tokenizer of `vocab_size` trained on `corpus` after `pre_tokenizer`, with
+    evora's special tokens and BOS on every encoded text (shared with build_tiny_mix)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(
         corpus,
         trainers.BpeTrainer(
-            vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+            vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
         ),
     )
     # BOS on every encoded text, so vLLM and transformers tokenize prompts identically.

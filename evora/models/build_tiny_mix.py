@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import torch
 
 from evora.models import BUNDLED_DIR
-from evora.models.build_tiny import BOS, EOS, PAD, SPECIALS, _portable_tokenizer_class, batch_of
+from evora.models.build_tiny import EOS, PAD, _portable_tokenizer_class, batch_of, bpe_tokenizer, build_model
 from evora.tasks import addition
 from evora.tasks.families import FAMILIES
 from evora.tasks.rewards.exact import exact_answer
@@ -41,7 +41,6 @@ STEPS = 4000
 BATCH = 64
 LEARNING_RATE = 1e-3
 SEED = 0
-HIDDEN, LAYERS = 128, 2
 MAX_ITEMS = 3  # items per text at most: only the stop after the first answer shapes greedy answers
 BUCKET = 16  # batches drawn at once and cut by length: about half the padding, so half the compute
 LOSS_TOKENS = BATCH * 12  # about the supervised tokens of a batch, see batch_gradients
@@ -169,57 +168,24 @@ def training_batch(tokenizer, samples: list[Sample]) -> tuple[torch.Tensor, torc
 
 
 def train_tokenizer(rng: random.Random, mix: list[Source]):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Regex, pre_tokenizers
 
     corpus = [sample.prompt + sample.completion for sample in mixed_samples(rng, mix, 8000)]
-    tok = Tokenizer(models.BPE())
     # One token per letter of a word, as per digit of a number, so counting sees every letter;
     # "count a" is one token, so the letter to count is told apart from the word's letters
     # by its token alone (a 2-layer model then reads it in one layer and counts in the next).
     letters = pre_tokenizers.Split(Regex("count [a-z]| in |rev |[a-z]"), behavior="isolated")
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            letters,
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),  # the splits above are all it needs
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
+    return bpe_tokenizer(
         corpus,
-        trainers.BpeTrainer(
-            vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        VOCAB_SIZE,
+        pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                letters,
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),  # the splits above are all it needs
+            ]
         ),
     )
-    # BOS on every encoded text, so vLLM and transformers tokenize prompts identically.
-    tok.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", BOS)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=SPECIALS[BOS],
-        eos_token=SPECIALS[EOS],
-        pad_token=SPECIALS[PAD],
-        model_max_length=512,
-    )
-
-
-def build_model(vocab_size: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=HIDDEN,
-        intermediate_size=3 * HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(config)
 
 
 def batch_gradients(model, ids: torch.Tensor, labels: torch.Tensor) -> float:
