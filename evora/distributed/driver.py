@@ -10,6 +10,7 @@ prompt matrices. It knows strategies only through the registry and the protocol
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -32,10 +33,11 @@ from evora.distributed.evaluate import (
     spend_of,
 )
 from evora.distributed.finish import Outcome, final_event, report_against_base, write_run_summary
+from evora.distributed.full_weights import EngineWeights, original_weights
 from evora.distributed.pool import WorkerPool
 from evora.distributed.portfolio import ROUTING_FILE, evaluate_portfolio, write_routing
 from evora.distributed.training import training_context
-from evora.distributed.worker import UnitResult, WorkUnit, worker_spec
+from evora.distributed.worker import UnitResult, WorkUnit, engine_rank, worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import RunError
 from evora.lora.layout import build_layout, linear_shapes_of_model
@@ -45,6 +47,7 @@ from evora.models import hub_access, locate_model
 from evora.models.parameters import count_parameters
 from evora.strategies import get_strategy
 from evora.strategies.budget import budget_of
+from evora.strategies.full_weights import moves_base_weights
 from evora.strategies.protocol import (
     BASE,
     CENTER,
@@ -167,15 +170,17 @@ class Driver:
             shapes = linear_shapes_of_model(
                 self.location.path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
             )
+        self.strategy = self.entry.build(run.strategy, run.seed)
+        # A full-weight strategy's candidates are LoRAs of its own perturbation rank, at scale 1.
+        rank = getattr(self.strategy, "perturbation_rank", None)
         self.layout = build_layout(
             shapes,
-            rank=run.lora.rank,
-            alpha=run.lora.alpha,
+            rank=rank or run.lora.rank,
+            alpha=rank or run.lora.alpha,
             target_modules=run.lora.target_modules,
             layers=run.lora.layers,
             base_model=self.location.path,
         )
-        self.strategy = self.entry.build(run.strategy, run.seed)
         self.splits = build_task(run.task, run.seed).splits()
         check_split_sizes(run.task, self.splits)  # hub data is only seen here
         self._restore_or_init()
@@ -192,10 +197,14 @@ class Driver:
         self.completed_at_start, self.record_files = completed, {}
         # Named per driver process: a restarted driver's workers must not clash with the old ones' names.
         self.pool = WorkerPool.start(
-            worker_spec(run, self.location.path, self.layout, self.run_tag),
+            worker_spec(run, self.location.path, self.layout, self.run_tag, max_lora_rank=engine_rank(self.layout)),
             run.hardware,
             name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}",
         )
+        self.weights = None
+        if moves_base_weights(self.strategy):
+            self.weights = EngineWeights(self.strategy, self.pool, self.run_dir, self.snapshots, knobs(run.strategy))
+            self.weights.to(self.state, self.next_generation)
 
     def _restore_or_init(self) -> None:
         path = checkpoint.latest_path(self.run_dir)
@@ -207,6 +216,7 @@ class Driver:
             self.next_generation, self.base, self.last = loop["next_generation"], loop["base"], loop["last"]
             self.best = Best(**loop["best"]) if loop["best"] else None
             self.ledger = ComputeLedger.from_state(loop["compute"])
+            self.snapshots = list(loop.get("weight_snapshots", []))
             return
         run = self.run_cfg
         context = StrategyContext(
@@ -219,6 +229,7 @@ class Driver:
         )
         self.state = self.strategy.initial_state(context)
         self.next_generation, self.base, self.last, self.best = 0, None, None, None
+        self.snapshots = []
         self.ledger = ComputeLedger(
             count_parameters(self.location.path, run.model.revision, run.model.trust_remote_code)
         )
@@ -263,7 +274,8 @@ class Driver:
                 "workers": len(self.pool),
                 "base_heldout": self.base["reward"],
                 "resumed": self.resumed,
-                "adapter_parameters": self.layout.num_parameters(),
+                "adapter_parameters": None if self.weights else self.layout.num_parameters(),
+                **(self._weights_note() if self.weights else {}),
                 "setup_seconds": time.perf_counter() - start,
             }
             self.done = self.next_generation
@@ -273,6 +285,11 @@ class Driver:
             yield self._finish()
         finally:
             self._close()
+
+    def _weights_note(self) -> dict[str, int]:
+        """What a full-weight strategy moves, and the host memory it keeps on every worker."""
+        weights = sum(slot.out_features * slot.in_features for slot in self.layout.modules)
+        return {"full_weights": weights, "master_bytes": self.strategy.master_bytes(self.layout)}
 
     def _initial_evaluation(self) -> None:
         started, spend = time.perf_counter(), Spend()
@@ -336,6 +353,8 @@ class Driver:
             stats, lineage = {**told.stats, **refined.stats}, told.lineage + refined.lineage
             told = Told(refined.state, stats, lineage, refined.spend, told.records)
         check_finite_center(generation + 1, self.strategy.center(told.state), self.run_cfg.strategy)
+        if self.weights is not None:  # every worker applies the update to its own weights
+            told.stats.update(self.weights.to(told.state, generation + 1))
         self.state = told.state
         for member in told.lineage:
             self.lineage.log(member)
@@ -444,18 +463,11 @@ class Driver:
 
     def _finish(self) -> dict[str, Any]:
         started = time.perf_counter()
-        done, center_name = self.done, self.entry.center or "final"
-        center = self.strategy.center(self.state)
-        adapters = self.run_dir / "adapters"
-        save_adapter(adapters / center_name, center, self.layout)
-        spend = Spend()
-        details = self._portfolio(done, spend) if is_portfolio(self.strategy) else {}
-        best = self._single_best(details, done) if details else self.best or Best(float("nan"), done, center, self.last)
-        save_adapter(adapters / "best", best.adapter, self.layout)
+        done, spend = self.done, Spend()
+        export = self._export_adapters if self.weights is None else self._export_weights
+        best, adapters, details, evaluate = export(done, spend)
         report = report_against_base(
-            lambda theta, layout, ops: self._evaluate(
-                "heldout", ops, best.generation, theta=theta, keep_texts=True, perplexity=True, spend=spend
-            ),
+            evaluate,
             best.adapter,
             None,
             self.splits.heldout,
@@ -465,11 +477,9 @@ class Driver:
             out_dir=self.run_dir / "eval",
             stem="best_vs_base",
         )
-        adapters = {"best": "adapters/best", center_name: f"adapters/{center_name}"}
-        if details:
+        if is_portfolio(self.strategy):
             metrics = self._with_fitness(report["adapter_metrics"])
             best = replace(best, heldout={k: metrics[k] for k in self.last if k in metrics})
-            adapters.update(organelles="adapters/organelles", routing=ROUTING_FILE)
         self.ledger.evaluation.add(spend)
         self.ledger.add_seconds("evaluation", time.perf_counter() - started)
         outcome = Outcome(
@@ -492,6 +502,50 @@ class Driver:
             details=details,
         )
         return final_event(summary, self.run_dir)
+
+    def _export_adapters(self, done: int, spend: Spend) -> tuple[Best, dict[str, str], dict[str, Any], Any]:
+        """adapters/<center> and adapters/best (and a portfolio's members and routing map); the
+        evaluation that compares the best adapter with the base model."""
+        center_name, center = self.entry.center or "final", self.strategy.center(self.state)
+        save_adapter(self.run_dir / "adapters" / center_name, center, self.layout)
+        details = self._portfolio(done, spend) if is_portfolio(self.strategy) else {}
+        best = self._single_best(details, done) if details else self.best or Best(float("nan"), done, center, self.last)
+        save_adapter(self.run_dir / "adapters" / "best", best.adapter, self.layout)
+        adapters = {"best": "adapters/best", center_name: f"adapters/{center_name}"}
+        if details:
+            adapters.update(organelles="adapters/organelles", routing=ROUTING_FILE)
+
+        def evaluate(theta: Any, layout: Any, ops: list[str]) -> dict[str, Any]:
+            return self._evaluate(
+                "heldout", ops, best.generation, theta=theta, keep_texts=True, perplexity=True, spend=spend
+            )
+
+        return best, adapters, details, evaluate
+
+    def _export_weights(self, done: int, spend: Spend) -> tuple[Best, dict[str, str], dict[str, Any], Any]:
+        """A full-weight run: model/ (the final weights, whole) and adapters/delta (their update as
+        a LoRA); best_model/ and adapters/best when the best generation is an earlier one; the
+        evaluation that compares the best generation's weights with the model's own."""
+        model, rank = (self.location.path, self.run_cfg.model.revision), self.strategy.delta_rank
+        original = original_weights(model, self.layout)
+        best = self.best or Best(float("nan"), done, {}, self.last)
+        error = self.weights.export(self.run_dir, "model", "delta", original, model, self.layout, rank)
+        details = {"delta_rank": rank, "delta_relative_error": error, "best_delta_relative_error": error}
+        adapters = {"best": "adapters/best", "delta": "adapters/delta", "model": "model"}
+        if best.generation != done:
+            self.weights.to(self.state, best.generation)
+            details["best_delta_relative_error"] = self.weights.export(
+                self.run_dir, "best_model", "best", original, model, self.layout, rank
+            )
+            adapters["best_model"] = "best_model"
+        else:
+            shutil.copytree(self.run_dir / "adapters" / "delta", self.run_dir / "adapters" / "best", dirs_exist_ok=True)
+
+        def heldout_on_engine_weights() -> Any:
+            ops = [BASE]  # no adapter: the engines' weights are the model evaluated
+            return self._evaluate("heldout", ops, best.generation, keep_texts=True, perplexity=True, spend=spend)[BASE]
+
+        return best, adapters, details, self.weights.compare_at(self.state, best.generation, heldout_on_engine_weights)
 
     def _single_best(self, details: dict[str, Any], done: int) -> Best:
         """A portfolio's adapters/best: its single best member on selection (the routing map's
@@ -562,6 +616,8 @@ class Driver:
             keep_texts=keep_texts,
             perplexity=perplexity or self.fitness.needs_perplexity,
             spend=spend,
+            # Under moved base weights an engine has no base model to measure the KL against.
+            kl=self.weights is None,
         )
         if keep_texts:
             return outcomes
@@ -595,8 +651,13 @@ class Driver:
             "best": None if self.best is None else asdict(self.best),
             "compute": self.ledger.state(),
         }
+        if self.weights is not None:
+            self.weights.snapshot_if_due(done)
+            loop["weight_snapshots"] = self.weights.keep(None if self.best is None else self.best.generation)
         saved = checkpoint.run_state(self.run_cfg.strategy.name, self.state, state_fields(self.state), loop)
         checkpoint.atomic_save(saved, checkpoint.latest_path(self.run_dir))
+        if self.weights is not None:
+            self.weights.remove_unlisted()
         keep = self.run_cfg.tracking.checkpoint_keep_every
         if keep and done % keep == 0:
             checkpoint.atomic_save(saved, self.run_dir / "checkpoints" / f"gen_{done}.pt")

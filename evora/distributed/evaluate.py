@@ -67,13 +67,14 @@ def evaluate_split(
     perplexity: bool = False,
     layout: AdapterLayout | None = None,
     spend: Spend | None = None,
+    kl: bool = True,
 ) -> dict[str, SplitOutcome]:
     """Outcomes per op (BASE, CENTER) on the first `size` examples of `split`; `layout`
     describes theta when it is not the pool's layout; the compute is added to `spend`.
     Every held-out evaluation also measures the KL divergence of each op's completions from
     the base model (the engine's estimator: exact with hf, top-k with vLLM; 0 for BASE)."""
     specs = tuple(CandidateSpec(generation, i, op=op) for i, op in enumerate(ops))
-    kl = split == "heldout"
+    kl = kl and split == "heldout"
     units = [
         WorkUnit(specs, split, tuple(c), keep_texts, perplexity, kl=kl) for c in chunks(list(range(size)), EVAL_CHUNK)
     ]

@@ -11,7 +11,7 @@ so a long run on preemptible nodes keeps its capacity.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostError, RayActorError
@@ -41,6 +41,8 @@ class WorkerPool:
         self.replacements_left = replacements if spec is not None and placement is not None else 0
         self.starting: dict[Any, int] = {}  # a replacement's info() ref -> its worker index
         self.events: list[dict[str, Any]] = []  # workers lost and replaced, taken by `take_events`
+        # Called with a replacement's actor before it takes work (full-weight strategies sync its weights).
+        self.on_join: Callable[[Any], None] | None = None
 
     @classmethod
     def start(cls, spec: WorkerSpec, hardware: HardwareConfig, name_prefix: str | None = None) -> "WorkerPool":
@@ -86,6 +88,24 @@ class WorkerPool:
                 pending.append((unit, attempt + 1))
         return results  # type: ignore[return-value]
 
+    def broadcast(self, method: str, *args: Any) -> list[Any]:
+        """`method(*args)` on every live worker, in worker order; a worker lost on the way is
+        replaced (`on_join` brings its replacement up to date when it joins)."""
+        workers = self._check_in()
+        refs = [getattr(self.actors[w], method).remote(*args) for w in workers]
+        results = []
+        for worker, ref in zip(workers, refs):
+            try:
+                results.append(ray.get(ref))
+            except WORKER_FAILURES:
+                self._lost(worker)
+        if not results:
+            raise RuntimeError("every engine worker has died (hardware.worker_replacements used up)")
+        return results
+
+    def first_live(self) -> Any:
+        return self.actors[min(self.alive)]
+
     def _check_in(self) -> list[int]:
         """Workers ready for work: replacements that have started join; a worker that died
         while idle is found now (one cheap call each) and replaced at once."""
@@ -125,6 +145,8 @@ class WorkerPool:
         index = self.starting.pop(ready)
         try:
             self.infos[index] = ray.get(ready)
+            if self.on_join is not None:
+                self.on_join(self.actors[index])
         except WORKER_FAILURES:
             self._lost(index)
             return []

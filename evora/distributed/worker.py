@@ -21,11 +21,15 @@ import numpy as np
 import psutil
 import torch
 
-from evora.config.schema import RunConfig, TaskConfig
+from evora.config.schema import VLLM_LORA_RANKS, RunConfig, TaskConfig
 from evora.engines import AdapterRef, Completion, EngineSpec, create_engine
 from evora.engines.adapter_store import AdapterScratch
+from evora.errors import RunError
+from evora.lora import Tensors
+from evora.lora.base_weights import read_weights
 from evora.lora.layout import AdapterLayout
 from evora.strategies import get_strategy
+from evora.strategies.full_weights import MasterWeights, matrix_name
 from evora.strategies.protocol import materialise, prompts_of
 from evora.tasks import build_task
 from evora.tasks.fitness import perplexity
@@ -105,6 +109,11 @@ def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = Non
         ignore_eos=engine.ignore_eos,
         vllm_args=dict(engine.vllm_args),
     )
+
+
+def engine_rank(layout: AdapterLayout) -> int:
+    """vLLM's max_lora_rank for a layout: the smallest value vLLM allows that holds its rank."""
+    return min(r for r in VLLM_LORA_RANKS if r >= layout.rank)
 
 
 def adapter_dtype(model_dtype: str, model_path: str) -> str:
@@ -195,6 +204,8 @@ class EngineWorker:
         self.dtype = ADAPTER_DTYPES[spec.adapter_dtype]
         self.engine = create_engine(spec.engine_name, spec.engine)
         self.scratch = AdapterScratch(spec.adapter_dir, spec.run_tag)
+        self.model, self.revision = spec.engine.model, spec.engine.revision
+        self.master: MasterWeights | None = None  # full-weight strategies: fp32 copies of the selected matrices
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -282,6 +293,52 @@ class EngineWorker:
         # Engines skip empty completions: nothing was run for them.
         tokens = 2 * sum(len(prompts[i]) + len(completions[i].token_ids) for i in rows if completions[i].token_ids)
         return kl, tokens
+
+    # --- base weights (full-weight strategies) ---------------------------------------------
+
+    def sync_weights(
+        self, snapshot: Tensors | None, snapshot_generation: int, updates: list[Any], expected: str | None = None
+    ) -> dict[str, Any]:
+        """Bring the engine's base weights to generation `snapshot_generation + len(updates)`:
+        apply only the updates it lacks, or rebuild from the snapshot (None: the model's own
+        weights) when it is ahead or behind it. Returns the checksum of the master copies."""
+        started = time.perf_counter()
+        target = snapshot_generation + len(updates)
+        master = self.master
+        if master is None or not snapshot_generation <= master.generation <= target:
+            master = self._master_at(snapshot, snapshot_generation)
+        norm = 0.0
+        pending = updates[master.generation - snapshot_generation :]
+        for update in pending:
+            norm = self.strategy.apply(master, update)
+        if master is not self.master or pending:
+            self.master = master
+            self.engine.set_base_weights(master.tensors)
+        checksum = master.checksum()
+        if expected is not None and checksum != expected:
+            raise RunError(
+                f"worker {self.index}: its weights of generation {target} differ from the other workers' "
+                f"(checksum {checksum[:12]} against {expected[:12]})"
+            )
+        return {
+            "worker": self.index,
+            "generation": target,
+            "checksum": checksum,
+            "finite": master.finite(),
+            "update_norm": norm,
+            "seconds": time.perf_counter() - started,
+        }
+
+    def _master_at(self, snapshot: Tensors | None, generation: int) -> MasterWeights:
+        if snapshot is not None:
+            return MasterWeights.from_snapshot(snapshot, generation)
+        names = [matrix_name(slot.name) for slot in self.layout.modules]
+        return self.strategy.start_master(read_weights(self.model, names, self.revision))
+
+    def master_weights(self) -> Tensors:
+        """The master copies (and optimizer moments), for a snapshot or the export."""
+        assert self.master is not None, "no base weights were synced on this worker"
+        return self.master.snapshot()
 
     def shutdown(self) -> None:
         self.rewards.close()

@@ -24,14 +24,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from evora.engines.base import AdapterRef, Completion, EngineSpec
-
-# The base-weight hook is specified in engines/base.py; for vLLM it needs a worker extension
-# (worker_extension_cls + collective_rpc), which strategy=eggroll brings.
-NOT_YET = (
-    "engine=vllm: changing base weights in place needs vLLM's worker extension, which arrives with "
-    "strategy=eggroll; engine=hf supports it today"
-)
-
+from evora.engines.vllm_weights import EXTENSION, check_vllm
 
 # Top-k of the KL estimate: vLLM's default max_logprobs, so no engine argument has to change.
 # (vLLM's prompt_logprob_token_ids would give the base's logprobs of the adapter's very tokens,
@@ -95,6 +88,7 @@ class VLLMEngine:
             self.grouped_cpu_lora = vllm_cpu_lora.install()
         from vllm import LLM
 
+        check_vllm()
         args = dict(
             model=spec.model,
             tokenizer=spec.tokenizer or spec.model,
@@ -115,6 +109,7 @@ class VLLMEngine:
             # TP > 1: the worker sits in a placement group of one-GPU bundles (distributed/placement.py);
             # vLLM's Ray executor puts a shard on each bundle.
             distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "ray",
+            worker_extension_cls=EXTENSION,  # base weights by checkpoint name (full-weight strategies)
         )
         args.update(spec.vllm_args)
         self.llm = LLM(**args)
@@ -214,10 +209,10 @@ class VLLMEngine:
             self.llm.llm_engine.remove_lora(adapter.lora_id)
 
     def base_weights(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        raise NotImplementedError(NOT_YET)
+        return self.llm.collective_rpc("evora_base_weights", args=(list(names),))[0]
 
     def set_base_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        raise NotImplementedError(NOT_YET)
+        self.llm.collective_rpc("evora_set_base_weights", args=(dict(weights),))
 
     def shutdown(self) -> None:
         del self.llm

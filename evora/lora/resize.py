@@ -59,3 +59,24 @@ def resize_adapter(tensors: Tensors, source: AdapterLayout, target: AdapterLayou
             out[slot.a_key] = torch.cat([a, fresh])
             out[slot.b_key] = torch.cat([b * ratio, torch.zeros(slot.out_features, extra)], dim=1)
     return out
+
+
+def low_rank_delta(deltas: dict[str, torch.Tensor], layout: AdapterLayout) -> tuple[Tensors, float]:
+    """A PEFT adapter (laid out as `layout`) whose scale * B @ A is, for every module, the best
+    rank-`layout.rank` approximation of its full update `deltas[module]` (truncated SVD,
+    Eckart-Young), and the relative Frobenius error of the whole approximation."""
+    out: Tensors = {}
+    dropped, total = 0.0, 0.0
+    for slot in layout.modules:
+        u, s, vh = torch.linalg.svd(deltas[slot.name].double(), full_matrices=False)
+        keep = min(layout.rank, s.shape[0])
+        root = s[:keep].sqrt()
+        b = (u[:, :keep] * root) / layout.scale
+        a = root[:, None] * vh[:keep]
+        if keep < layout.rank:
+            a = torch.cat([a, a.new_zeros(layout.rank - keep, a.shape[1])])
+            b = torch.cat([b, b.new_zeros(b.shape[0], layout.rank - keep)], dim=1)
+        out[slot.a_key], out[slot.b_key] = a.float(), b.float()
+        dropped += float((s[keep:] ** 2).sum())
+        total += float((s**2).sum())
+    return out, math.sqrt(dropped / total) if total > 0 else 0.0

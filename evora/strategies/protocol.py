@@ -197,7 +197,7 @@ def materialise(strategy: Strategy | None, payload: Any, spec: Any) -> Tensors |
     if spec.op == BASE:
         return None
     if spec.op == CENTER:
-        return payload.center
+        return payload.center or None  # {}: the engines' own weights stand for the center (full-weight strategies)
     if spec.op == MEMBER:
         return payload.members[spec.member]
     assert strategy is not None, "candidate specs need the run's strategy"

@@ -114,6 +114,9 @@ class ConsoleProgress:
             parts.append(f"{event['population']} members")
         if event.get("adapter_parameters") is not None:
             parts.append(f"{event['adapter_parameters']:,} adapter parameters")
+        if event.get("full_weights") is not None:
+            mib = event["master_bytes"] / 2**20
+            parts.append(f"{event['full_weights']:,} weights moved ({mib:,.1f} MiB of fp32 master copies per worker)")
         base = event.get("base_heldout")
         self.console.print(
             ", ".join(parts)

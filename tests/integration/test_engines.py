@@ -215,6 +215,51 @@ def test_hf_engine_changes_its_base_weights_in_place_under_an_adapter(spec, scra
     scratch.remove([adapter])
 
 
+def test_eggroll_updates_move_vllm_and_hf_weights_alike(vllm_engine, hf_engine, tiny_shapes, tiny_path, prompts):
+    """After 3 EGGROLL updates (same seeds, same fitness) vLLM's weights equal transformers'
+    exactly (fp32 on CPU: tolerance 0), through vLLM's fused qkv / gate_up layers and its CPU
+    weight packing; greedy completions agree on every prompt and differ from the base model's."""
+    import numpy as np
+
+    from evora.lora.base_weights import read_weights
+    from evora.strategies.eggroll import EggrollConfig, EggrollStrategy
+    from evora.strategies.full_weights import matrix_name
+    from evora.strategies.protocol import StrategyContext, fitness_results
+
+    every = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    layout = build_layout(tiny_shapes, rank=1, alpha=1, target_modules=every, layers=[1], base_model=tiny_path)
+    names = [matrix_name(slot.name) for slot in layout.modules]
+    eggroll = EggrollStrategy(EggrollConfig(population=8, sigma=0.05, lr=0.01, optimizer="adam"), run_seed=0)
+    state = eggroll.initial_state(StrategyContext(0, layout, tiny_path))
+    original = read_weights(tiny_path, names)
+    master = eggroll.start_master(original)
+    for generation in range(3):
+        specs, _ = eggroll.ask(state, generation)
+        fitness = np.random.default_rng(generation).normal(size=8)
+        state = eggroll.tell(state, specs, fitness_results(generation, fitness)).state
+        eggroll.apply(master, eggroll.update_of(state, generation))
+    before = texts(vllm_engine, None, prompts)
+    assert all(torch.equal(vllm_engine.base_weights(names)[n], original[n]) for n in names)
+    try:
+        vllm_engine.set_base_weights(master.tensors)
+        hf_engine.set_base_weights(master.tensors)
+        from_vllm, from_hf = vllm_engine.base_weights(names), hf_engine.base_weights(names)
+        assert all(
+            torch.equal(from_vllm[n], from_hf[n]) and torch.equal(from_vllm[n], master.tensors[n]) for n in names
+        )
+        after_vllm, after_hf = texts(vllm_engine, None, prompts), texts(hf_engine, None, prompts)
+        assert after_vllm == after_hf
+        changed = sum(a != b for a, b in zip(after_vllm, before))
+        assert changed >= len(prompts) // 4, f"the update changed only {changed} of {len(prompts)} completions"
+    finally:  # the module's engines serve the other tests with the model's own weights
+        vllm_engine.set_base_weights(original)
+        hf_engine.set_base_weights(original)
+    assert texts(vllm_engine, None, prompts) == before
+    down = matrix_name(layout.modules[-1].name)  # 128 x 384: its transpose cannot fit
+    with pytest.raises(ValueError, match="shape"):
+        vllm_engine.set_base_weights({down: original[down].T})
+
+
 # vLLM's top-k KL (KL_TOP_K = 20 of the tiny model's 472 tokens) against the hf engine's exact
 # full-vocabulary KL (itself checked against a merged transformers model in tests/unit/test_kl.py),
 # per completion (mean over its tokens). Measured: at ~0.017 nats/token at most 3.2e-5 nats and

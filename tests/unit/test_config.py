@@ -69,7 +69,7 @@ def test_configs_are_frozen():
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("strategy=nope", "strategy=nope: unknown option; allowed: ecology, es"),
+        ("strategy=nope", "strategy=nope: unknown option; allowed: ecology, eggroll, es"),
         ("model=gpt5", "model=gpt5: unknown option; allowed: llama3_2_1b,"),
         ("strategy.population=1", "strategy.population=1: must be an integer >= 2"),
         ("strategy.population=7", "strategy.population=7: must be even when strategy.antithetic=true"),

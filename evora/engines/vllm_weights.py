@@ -1,0 +1,142 @@
+"""Base weights of a running vLLM engine, by checkpoint name: the worker extension behind
+`VLLMEngine.base_weights` / `set_base_weights` (engines/base.py), the way RLHF frameworks sync
+weights into vLLM (`worker_extension_cls` + `collective_rpc`).
+
+vLLM fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj` (the model class's
+`packed_modules_mapping`), wraps LoRA-enabled layers (`base_layer`), shards layers over
+tensor-parallel ranks, and on CPU packs each linear layer's weight for oneDNN and drops the
+dense tensor. This extension maps a checkpoint name to (layer, shard) and:
+
+- GPU, tensor-parallel size 1: writes the shard's rows of the dense weight in place;
+- GPU, tensor-parallel size > 1: hands the whole matrix to the layer's own `weight_loader`,
+  which keeps this rank's part (as loading a checkpoint does);
+- CPU: keeps a dense copy of each touched layer (from the checkpoint, then as set), writes
+  the rows, and re-packs the layer with vLLM's own `dispatch_cpu_unquantized_gemm`.
+
+Written for vLLM 0.32 (`WRITTEN_FOR`); `check_vllm` fails in one line when a vLLM without
+the internals it uses is installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+WRITTEN_FOR = "0.32"
+EXTENSION = "evora.engines.vllm_weights.BaseWeightsExtension"
+
+
+def check_vllm() -> None:
+    """The vLLM internals the extension relies on are there."""
+    import vllm
+    from vllm.model_executor.layers import utils
+
+    if not callable(getattr(utils, "dispatch_cpu_unquantized_gemm", None)):
+        raise RuntimeError(
+            f"engine=vllm: evora's base-weight extension was written for vLLM {WRITTEN_FOR}.x; vLLM "
+            f"{vllm.__version__} has no model_executor.layers.utils.dispatch_cpu_unquantized_gemm"
+        )
+
+
+class BaseWeightsExtension:
+    """Mixed into vLLM's worker class by `worker_extension_cls`; called via `collective_rpc`."""
+
+    def evora_set_base_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        touched: dict[str, Any] = {}
+        for name, value in weights.items():
+            layer, fused, offset, size, shard_id = self._evora_locate(name)
+            if tuple(value.shape) != (size, layer.input_size):
+                raise ValueError(f"{name}: shape {tuple(value.shape)}, the model has {(size, layer.input_size)}")
+            if self._evora_tp() > 1:
+                self._evora_load_shard(layer, value, shard_id)
+                continue
+            dense = self._evora_dense(layer, fused)
+            dense[offset : offset + size].copy_(value.to(device=dense.device, dtype=dense.dtype))
+            touched[fused] = layer
+        if _on_cpu():
+            for fused, layer in touched.items():
+                _repack(layer, self._evora_dense_copies[fused])
+
+    def evora_base_weights(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        if self._evora_tp() > 1:
+            raise NotImplementedError("reading base weights back from vLLM needs tensor_parallel_size=1")
+        out = {}
+        for name in names:
+            layer, fused, offset, size, _ = self._evora_locate(name)
+            out[name] = self._evora_dense(layer, fused)[offset : offset + size].detach().cpu().clone()
+        return out
+
+    # --- pieces -------------------------------------------------------------------------
+
+    def _evora_tp(self) -> int:
+        return self.vllm_config.parallel_config.tensor_parallel_size
+
+    def _evora_locate(self, name: str) -> tuple[Any, str, int, int, Any]:
+        """(layer, its module path, first row, rows, weight_loader shard id) of a checkpoint weight."""
+        model = self.model_runner.model
+        module, _, attribute = name.rpartition(".")
+        if attribute != "weight":
+            raise KeyError(f"{name}: only linear layers' weights can be set")
+        parent, _, leaf = module.rpartition(".")
+        for fused, parts in getattr(model, "packed_modules_mapping", {}).items():
+            if leaf in parts:
+                path = f"{parent}.{fused}"
+                layer = _base_layer(model, path, name)
+                index = parts.index(leaf)
+                sizes = list(layer.output_sizes)
+                shard_id = ("q", "k", "v")[index] if fused == "qkv_proj" else index
+                return layer, path, sum(sizes[:index]), sizes[index], shard_id
+        layer = _base_layer(model, module, name)
+        return layer, module, 0, layer.output_size, None
+
+    def _evora_dense(self, layer: Any, fused: str) -> torch.Tensor:
+        """The layer's full weight: the parameter itself where vLLM keeps it, else a dense copy."""
+        if not _on_cpu():
+            return layer.weight.data
+        copies = self.__dict__.setdefault("_evora_dense_copies", {})
+        if fused not in copies:
+            copies[fused] = self._evora_from_checkpoint(layer, fused)
+        return copies[fused]
+
+    def _evora_from_checkpoint(self, layer: Any, fused: str) -> torch.Tensor:
+        """A packed CPU layer's dense weight, as vLLM loaded it: the checkpoint's parts, stacked."""
+        from evora.lora.base_weights import read_weights
+
+        model = self.model_runner.model
+        parent, _, leaf = fused.rpartition(".")
+        parts = getattr(model, "packed_modules_mapping", {}).get(leaf, [leaf])
+        names = [f"{parent}.{part}.weight" for part in parts]
+        config = self.vllm_config.model_config
+        tensors = read_weights(config.model, names, config.revision)
+        return torch.cat([tensors[n] for n in names]).to(config.dtype)
+
+    def _evora_load_shard(self, layer: Any, value: torch.Tensor, shard_id: Any) -> None:
+        parameter = layer.weight
+        loaded = value.to(dtype=parameter.dtype)
+        if shard_id is None:
+            parameter.weight_loader(parameter, loaded)
+        else:
+            parameter.weight_loader(parameter, loaded, shard_id)
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _base_layer(model: Any, path: str, name: str) -> Any:
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        raise KeyError(f"{name}: vLLM's model has no layer {path}") from None
+    return getattr(module, "base_layer", module)  # LoRA-enabled layers wrap the linear layer
+
+
+def _repack(layer: Any, dense: torch.Tensor) -> None:
+    """Give a CPU layer its new weight: vLLM's own packing, from a copy of the dense weight."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    layer.weight = torch.nn.Parameter(dense.clone(), requires_grad=False)
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=True)

@@ -1,0 +1,55 @@
+"""strategy=eggroll: its config schema and the rules checked before Ray starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from evora.strategies.checks import choice, require
+
+SHAPINGS = ("zscore", "centered_rank", "none")
+
+
+@dataclass(frozen=True)
+class EggrollConfig:
+    name: str = "eggroll"
+    population: int = 30  # candidates per generation, in antithetic pairs
+    rank: int = 1  # r of each perturbation E = B A / sqrt(r)
+    sigma: float = 0.001
+    lr: float = 5e-4
+    shaping: str = "zscore"  # zscore | centered_rank | none
+    optimizer: str = "sgd"  # sgd | adam (two fp32 moments of every selected matrix on every worker)
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    snapshot_every: int = 10  # generations between fp32 snapshots of the selected matrices
+    delta_rank: int = 16  # rank of adapters/delta, the accumulated update as a PEFT LoRA (truncated SVD)
+
+
+def check_eggroll(cfg: EggrollConfig, run: Any = None) -> None:
+    require(cfg.population >= 2, "strategy.population", cfg.population, "must be an integer >= 2")
+    require(
+        cfg.population % 2 == 0,
+        "strategy.population",
+        cfg.population,
+        "must be even: candidates come in antithetic pairs (allowed: 2, 4, 6, ...)",
+    )
+    require(1 <= cfg.rank <= 512, "strategy.rank", cfg.rank, "must be an integer in 1..512 (vLLM's largest LoRA rank)")
+    require(cfg.sigma > 0, "strategy.sigma", cfg.sigma, "must be > 0")
+    require(cfg.lr > 0, "strategy.lr", cfg.lr, "must be > 0")
+    require(cfg.weight_decay >= 0, "strategy.weight_decay", cfg.weight_decay, "must be >= 0")
+    choice("strategy.shaping", cfg.shaping, SHAPINGS)
+    choice("strategy.optimizer", cfg.optimizer, ("sgd", "adam"))
+    require(0 <= cfg.beta1 < 1, "strategy.beta1", cfg.beta1, "must be in [0, 1)")
+    require(0 <= cfg.beta2 < 1, "strategy.beta2", cfg.beta2, "must be in [0, 1)")
+    require(cfg.eps > 0, "strategy.eps", cfg.eps, "must be > 0")
+    require(cfg.snapshot_every >= 1, "strategy.snapshot_every", cfg.snapshot_every, "must be an integer >= 1")
+    require(cfg.delta_rank >= 1, "strategy.delta_rank", cfg.delta_rank, "must be an integer >= 1")
+    if run is not None:
+        require(
+            run.hardware.tensor_parallel_size == 1 or run.engine.name == "vllm",
+            "hardware.tensor_parallel_size",
+            run.hardware.tensor_parallel_size,
+            "strategy=eggroll shards weights only through vLLM (engine=vllm)",
+        )

@@ -1,0 +1,191 @@
+"""EGGROLL: evolution strategies over full weight matrices with low-rank perturbations
+("Evolution Strategies at the Hyperscale", arXiv 2511.16652).
+
+Member m of generation g perturbs every selected matrix W (out x in) by
+
+    E_m = B_m A_m / sqrt(r),   B_m ~ N(0, I) out x r,   A_m ~ N(0, I) r x in
+
+drawn from (run seed, generation, member, module); candidate i is W + sign_i sigma E_m, a
+rank-r LoRA on the engine's current weights, so a whole population is one multi-LoRA batch.
+The update is full rank:
+
+    W <- W + lr / (N sigma) sum_i w_i sign_i E_m(i) - lr * weight_decay * W     (SGD; Adam optional)
+
+with w the shaped fitness. The driver keeps only the fitness of each generation; every
+worker applies the same update to its own fp32 master copies (`MasterWeights`) from the run
+seed and that fitness, so no weights cross the network and any worker can rebuild the
+weights of any generation from a snapshot and the fitness that followed it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from evora.lora import Tensors
+from evora.lora.layout import AdapterLayout, ModuleSlot
+from evora.lora.noise import gaussian, noise_key
+from evora.strategies.eggroll.config import EggrollConfig
+from evora.strategies.full_weights import MasterWeights
+from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
+from evora.strategies.shaping import shape
+
+
+@dataclass
+class EggrollState:
+    STATE_VERSION: ClassVar[int] = 1
+    modules: list[str]  # the perturbed modules, in the layout's order
+    shapes: list[list[int]]  # [out, in] of each
+    scale: float  # the candidates' LoRA scale (alpha / rank)
+    fitness: list[list[float]] = field(default_factory=list)  # per generation: the population's fitness
+
+
+@dataclass(frozen=True)
+class EggrollPayload:
+    generation: int
+    modules: tuple[tuple[str, int, int], ...]  # (module, out, in)
+    scale: float
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """What every worker applies after a generation: a pure function of the fitness."""
+
+    generation: int
+    step: int  # 1-based: Adam's bias correction
+    coefficients: tuple[float, ...]  # per member: sum over its candidates of shaped fitness x sign
+    population: int
+
+
+class EggrollStrategy:
+    state_type = EggrollState
+    moves_base_weights = True  # the loop syncs the engines' weights after each tell (distributed/full_weights.py)
+
+    def __init__(self, cfg: EggrollConfig, run_seed: int):
+        self.cfg = cfg
+        self.run_seed = run_seed
+
+    @property
+    def perturbation_rank(self) -> int:
+        return self.cfg.rank
+
+    @property
+    def snapshot_every(self) -> int:
+        return self.cfg.snapshot_every
+
+    @property
+    def delta_rank(self) -> int:
+        return self.cfg.delta_rank
+
+    # --- noise ------------------------------------------------------------------------
+
+    def factors(self, generation: int, member: int, module: str, out_features: int, in_features: int):
+        """(B [out, r], A [r, in]) of member's perturbation of a module."""
+        key = (self.run_seed, "eggroll", generation, member, module)
+        b = gaussian(noise_key(*key, "B"), (out_features, self.cfg.rank))
+        a = gaussian(noise_key(*key, "A"), (self.cfg.rank, in_features))
+        return b, a
+
+    # --- ask / tell -------------------------------------------------------------------
+
+    def initial_state(self, context: StrategyContext) -> EggrollState:
+        slots = context.layout.modules
+        return EggrollState(
+            [s.name for s in slots], [[s.out_features, s.in_features] for s in slots], context.layout.scale
+        )
+
+    def population(self, generation: int) -> list[CandidateSpec]:
+        return [
+            CandidateSpec(generation, i, member=i // 2, sign=1 if i % 2 == 0 else -1)
+            for i in range(self.cfg.population)
+        ]
+
+    def ask(self, state: EggrollState, generation: int) -> tuple[list[CandidateSpec], EggrollPayload]:
+        modules = tuple((name, out, in_) for name, (out, in_) in zip(state.modules, state.shapes))
+        return self.population(generation), EggrollPayload(generation, modules, state.scale)
+
+    def materialise(self, payload: EggrollPayload, spec: CandidateSpec) -> Tensors:
+        """The candidate's LoRA: scale * lora_B @ lora_A = sign sigma E_m."""
+        factor = spec.sign * self.cfg.sigma / (math.sqrt(self.cfg.rank) * payload.scale)
+        out: Tensors = {}
+        for name, out_features, in_features in payload.modules:
+            slot = ModuleSlot(name, None, in_features, out_features)
+            b, a = self.factors(spec.generation, spec.member, name, out_features, in_features)
+            out[slot.a_key] = a
+            out[slot.b_key] = b * factor
+        return out
+
+    def tell(self, state: EggrollState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
+        if [s.index for s in specs] != list(range(len(specs))):
+            raise ValueError("specs must be the whole population in index order")
+        fitness = [float(f) for f in results.fitness]
+        weights = shape(np.asarray(fitness), self.cfg.shaping)
+        stats = {"weights_abs_mean": float(np.abs(weights).mean())}
+        return Told(replace(state, fitness=[*state.fitness, fitness]), stats)
+
+    def center(self, state: EggrollState) -> Tensors:
+        return {}  # no adapter: the engines' own (updated) weights are the center
+
+    # --- the weight update, on every worker --------------------------------------------
+
+    def update_of(self, state: EggrollState, generation: int) -> WeightUpdate:
+        """The update that follows `generation` (0-based), from its fitness."""
+        fitness = np.asarray(state.fitness[generation], dtype=np.float64)
+        weights = shape(fitness, self.cfg.shaping)
+        coefficients = [0.0] * (len(fitness) // 2)
+        for spec, w in zip(self.population(generation), weights):
+            coefficients[spec.member] += float(w) * spec.sign
+        return WeightUpdate(generation, generation + 1, tuple(coefficients), len(fitness))
+
+    def master_bytes(self, layout: AdapterLayout) -> int:
+        """Host memory of one worker's master copies (and Adam's two moments): 4 bytes a weight each."""
+        weights = sum(slot.out_features * slot.in_features for slot in layout.modules)
+        return 4 * weights * (3 if self.cfg.optimizer == "adam" else 1)
+
+    def start_master(self, tensors: Tensors) -> MasterWeights:
+        master = MasterWeights({k: v.detach().to(torch.float32).clone() for k, v in tensors.items()})
+        if self.cfg.optimizer == "adam":
+            master.adam_m = {k: torch.zeros_like(v) for k, v in master.tensors.items()}
+            master.adam_v = {k: torch.zeros_like(v) for k, v in master.tensors.items()}
+        return master
+
+    def gradient(self, update: WeightUpdate, module: str, out_features: int, in_features: int) -> torch.Tensor:
+        """1/(N sigma) sum_m c_m E_m as one [out, M r] x [M r, in] product, members in order."""
+        live = [(m, c) for m, c in enumerate(update.coefficients) if c != 0.0]
+        if not live:
+            return torch.zeros(out_features, in_features)
+        bs, as_ = [], []
+        for member, coefficient in live:
+            b, a = self.factors(update.generation, member, module, out_features, in_features)
+            bs.append(b * coefficient)
+            as_.append(a)
+        scale = 1.0 / (update.population * self.cfg.sigma * math.sqrt(self.cfg.rank))
+        return (torch.cat(bs, dim=1) @ torch.cat(as_, dim=0)) * scale
+
+    def apply(self, master: MasterWeights, update: WeightUpdate) -> float:
+        """Apply one update to the master copies in place; returns the update's norm."""
+        if update.generation != master.generation:
+            raise ValueError(f"update of generation {update.generation} on weights of generation {master.generation}")
+        cfg, squares = self.cfg, 0.0
+        for name, weight in master.tensors.items():
+            module = name.rsplit(".", 1)[0]
+            grad = self.gradient(update, module, weight.shape[0], weight.shape[1])
+            direction = grad if cfg.optimizer == "sgd" else self._adam(master, name, grad, update.step)
+            delta = cfg.lr * direction
+            if cfg.weight_decay:
+                delta -= (cfg.lr * cfg.weight_decay) * weight
+            weight += delta
+            squares += float((delta.double() ** 2).sum())
+        master.generation += 1
+        return math.sqrt(squares)
+
+    def _adam(self, master: MasterWeights, name: str, grad: torch.Tensor, step: int) -> torch.Tensor:
+        b1, b2, eps = self.cfg.beta1, self.cfg.beta2, self.cfg.eps
+        m, v = master.adam_m[name], master.adam_v[name]
+        m.mul_(b1).add_(grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        return (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)

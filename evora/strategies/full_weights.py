@@ -1,0 +1,71 @@
+"""Full-weight strategies (EGGROLL): the contract between the strategy's maths and the
+engines whose base weights it moves.
+
+A strategy with `moves_base_weights = True` evaluates its candidates as LoRAs on the
+engines' current weights and, after each `tell`, changes those weights themselves. The
+driver holds no weights: every worker keeps fp32 `MasterWeights` of the selected matrices
+and applies the same updates from seeds and fitness:
+
+    update = strategy.update_of(state, generation)   # small, plain data: what follows `generation`
+    norm = strategy.apply(master, update)            # in place, on every worker, bit for bit the same
+    master = strategy.start_master(tensors)          # from the checkpoint's matrices (fp32)
+    strategy.perturbation_rank, strategy.snapshot_every   # candidates' LoRA rank; generations between snapshots
+    strategy.master_bytes(layout)                     # host memory of a worker's master copies (stated at the start)
+
+`distributed/full_weights.py` runs this on the workers, checks that their weights agree,
+snapshots them, and exports them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from evora.lora import Tensors
+
+
+@dataclass
+class MasterWeights:
+    """fp32 master copies of the selected matrices (by checkpoint name) and, with Adam, its
+    moments; `generation`: how many updates they hold. The engine's weights are re-cast from them."""
+
+    tensors: Tensors
+    generation: int = 0
+    adam_m: Tensors | None = None
+    adam_v: Tensors | None = None
+
+    def checksum(self) -> str:
+        digest = hashlib.blake2b(digest_size=16)
+        for group in (self.tensors, self.adam_m or {}, self.adam_v or {}):
+            for name in sorted(group):
+                digest.update(name.encode())
+                digest.update(group[name].contiguous().view(torch.uint8).numpy())  # no copy
+        return digest.hexdigest()
+
+    def finite(self) -> bool:
+        return all(bool(torch.isfinite(t).all()) for t in self.tensors.values())
+
+    def snapshot(self) -> Tensors:
+        """Every tensor, flat (moments prefixed), for one safetensors file."""
+        out = dict(self.tensors)
+        for prefix, group in (("adam_m/", self.adam_m), ("adam_v/", self.adam_v)):
+            out.update({prefix + k: v for k, v in (group or {}).items()})
+        return out
+
+    @classmethod
+    def from_snapshot(cls, tensors: Tensors, generation: int) -> "MasterWeights":
+        plain = {k: v.clone() for k, v in tensors.items() if "/" not in k}
+        m, v = ({k[len(p) :]: t.clone() for k, t in tensors.items() if k.startswith(p)} for p in ("adam_m/", "adam_v/"))
+        return cls(plain, generation, m or None, v or None)
+
+
+def matrix_name(module: str) -> str:
+    """A module's weight by its checkpoint name: what engines' base-weight hooks take."""
+    return f"{module}.weight"
+
+
+def moves_base_weights(strategy: Any) -> bool:
+    return bool(getattr(strategy, "moves_base_weights", False))
