@@ -93,6 +93,10 @@ def _best_variant(run: Path, summary: dict[str, Any]) -> list[str]:
     if numbers["best_member"]:
         lines.append(f"- best member: `{numbers['best_member']}` {summary['details'].get('best_hyperparameters', '')}")
     lines.append(f"- adapter: `adapters/best` (PEFT layout; `{run.resolve() / 'adapters' / 'best'}`)")
+    exported = summary["adapters"]
+    if "model" in exported:  # a full-weight run: the best generation's whole model
+        folder = exported.get("best_model", exported["model"])
+        lines.append(f"- model: `{folder}/` (a complete model folder; `{run.resolve() / folder}`)")
     return lines + [""]
 
 

@@ -40,11 +40,14 @@ def final_lines(event: dict[str, Any]) -> list[str]:
     base, best, final = s["base"], s["best"], s["final"]
     found = f" at generation {s['best_generation']}" if s["best_generation"] is not None else ""
     found += f", best member {s['best_member']}" if s["best_member"] else ""
-    final_text = f" -> final {s['center']} adapter {_fmt(final['reward'])}" if final else ""
+    whole = "model" in s["adapters"]  # a full-weight run: its result is a model, not an adapter
+    final_name = "model" if whole else f"{s['center']} adapter"
+    final_text = f" -> final {final_name} {_fmt(final['reward'])}" if final else ""
     counts, flops = s["best_vs_base"], s["compute"]["search"]["flops"]
     lines = [
         f"held-out reward: base model {_fmt(base['reward'])}{final_text} (best {_fmt(best['reward'])}{found})",
-        f"best adapter vs base model, held-out: {counts['improvements']} improvements, {counts['regressions']} "
+        f"best {'model' if whole else 'adapter'} vs base model, held-out: {counts['improvements']} improvements, "
+        f"{counts['regressions']} "
         f"regressions (eval/best_vs_base.md)",
         f"compute: {flops:.3g} FLOPs searching, {s['compute']['seconds']['total']:.0f}s in all",
     ]
@@ -54,8 +57,12 @@ def final_lines(event: dict[str, Any]) -> list[str]:
         for key, value in s["details"].items()
         if not isinstance(value, dict) or not any(isinstance(v, float) for v in value.values())
     ]
-    adapters = ", ".join(sorted(s["adapters"].values()))
-    return lines + [f"run folder: {run_dir}  ({adapters}: PEFT layout)"]
+    folders = ("model", "best_model")  # full-weight runs export whole models too
+    paths = sorted(s["adapters"].values())
+    adapters = ", ".join(p for p in paths if p not in folders)
+    models = ", ".join(p for p in paths if p in folders)
+    exported = f"{adapters}: PEFT layout" + (f"; {models}: model folders" if models else "")
+    return lines + [f"run folder: {run_dir}  ({exported})"]
 
 
 def _detail(value: Any) -> str:

@@ -250,6 +250,26 @@ def test_chaos_random_workers_killed_at_seeded_moments_are_replaced_and_change_n
     assert stdout.count("started as a replacement") == 3 and stdout.count("lost; its work is rerun") == 3
 
 
+EGGROLL_RUN = (*SMALL, "strategy=eggroll", "strategy.snapshot_every=2", "generations=4", "engine=hf")
+
+
+def test_a_killed_eggroll_worker_is_replaced_with_the_same_weights(cluster):
+    """A replacement rebuilds the engine's weights from the snapshot and the fitness since
+    (its checksum is checked when it joins); the exported model is bitwise the fault-free run's."""
+    reference, _ = cli_run(*EGGROLL_RUN, "hardware.num_workers=1")
+    out, process = start_on(cluster, EGGROLL_RUN)
+    run_dir = wait_for(process, lambda: logged(out, 2), "generation 2")  # its snapshot is written
+    victim = live_workers(cluster, run_dir)[0].name
+    ray.kill(ray.get_actor(victim))
+    wait_for(process, lambda: victim not in {a.name for a in live_workers(cluster, run_dir)}, f"{victim} to die")
+    stdout = finish(process)
+    ours, theirs = (load_file(str(d / "model" / "model.safetensors")) for d in (run_dir, reference))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    rewards = [[r.get("reward_mean") for r in read_metrics(d)] for d in (run_dir, reference)]
+    assert rewards[0] == rewards[1]
+    assert "started as a replacement" in stdout
+
+
 # --- Hydra multirun -------------------------------------------------------------------------
 
 

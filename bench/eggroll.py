@@ -1,0 +1,196 @@
+"""One EGGROLL generation against the ES paper's way, on the same vLLM engine
+(docs/architecture.md, "Benchmarks"). Every figure is a ratio measured in this one run.
+
+    python bench/eggroll.py [--population 30] [--prompts 32] [--tokens 16]
+
+  evora         strategy=eggroll: N rank-r LoRAs rebuilt from seeds, one multi-LoRA generate
+                over N x P prompts; then the update, applied to the fp32 master copies and
+                re-cast into the engine (what every worker does after each generation)
+  paper's way   member after member: add dense Gaussian noise to the same matrices in place,
+                generate the P prompts with the base model, restore (Qiu et al. 2025's
+                accelerated loop), through the same engine's base-weight hook
+  update share  the update's part of an evora generation
+
+The bench model of bench/throughput.py (a ~26M-parameter Llama with random weights) stands in
+for a real model; every sequence generates exactly --tokens tokens (ignore_eos).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import RESULTS, build_bench_model  # noqa: E402  (the same bench model)
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def timed(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(model: Path, args: argparse.Namespace) -> dict:
+    from transformers import AutoTokenizer
+
+    from evora.engines import EngineSpec, create_engine
+    from evora.engines.adapter_store import AdapterScratch
+    from evora.lora.base_weights import read_weights
+    from evora.lora.layout import build_layout, linear_shapes_of_model
+    from evora.strategies.eggroll import EggrollConfig, EggrollStrategy
+    from evora.strategies.full_weights import matrix_name
+    from evora.strategies.protocol import StrategyContext, fitness_results
+
+    torch.set_num_threads(args.threads)
+    layout = build_layout(
+        linear_shapes_of_model(str(model)),
+        rank=args.rank,
+        alpha=args.rank,
+        target_modules=TARGETS,
+        layers=None,
+        base_model=str(model),
+    )
+    names = [matrix_name(slot.name) for slot in layout.modules]
+    engine = create_engine(
+        "vllm",
+        EngineSpec(
+            model=str(model),
+            dtype="float32",
+            max_model_len=256,
+            max_lora_rank=max(8, args.rank),
+            max_loras=args.population,
+            max_cpu_loras=args.population,
+            cpu_threads=args.threads,
+            ignore_eos=True,
+        ),
+    )
+    scratch = AdapterScratch("/dev/shm", "bench-eggroll")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = [tokenizer(f"{a}+{b}=").input_ids for a, b in zip(range(10, 99, 3), range(50, 10, -1))][: args.prompts]
+    eggroll = EggrollStrategy(EggrollConfig(population=args.population, rank=args.rank, sigma=0.01, lr=1e-4), 0)
+    state = eggroll.initial_state(StrategyContext(0, layout, str(model)))
+    master = eggroll.start_master(read_weights(str(model), names))
+    engine.generate(prompts[:1], [None], 2)  # warm-up
+    generations = iter(range(10**6))
+    split: dict[str, list[float]] = {"evaluate": [], "update": []}
+
+    def eggroll_generation() -> int:
+        nonlocal state
+        generation = next(generations)
+        started = time.perf_counter()
+        specs, payload = eggroll.ask(state, generation)
+        refs = [scratch.write(s.label, eggroll.materialise(payload, s), layout, torch.float32) for s in specs]
+        out = engine.generate(prompts * len(refs), [r for r in refs for _ in prompts], args.tokens)
+        engine.release(refs)
+        scratch.remove(refs)
+        evaluated = time.perf_counter()
+        fitness = np.random.default_rng(generation).normal(size=len(specs))  # the update's cost does not depend on it
+        state = eggroll.tell(state, specs, fitness_results(generation, fitness)).state
+        eggroll.apply(master, eggroll.update_of(state, generation))
+        engine.set_base_weights(master.tensors)
+        split["evaluate"].append(evaluated - started)
+        split["update"].append(time.perf_counter() - evaluated)
+        return sum(c.num_tokens for c in out)
+
+    def papers_way() -> int:
+        """Perturb in place with seeded dense noise, generate, restore; member after member."""
+        total = 0
+        for member in range(args.population):
+            generator = torch.Generator().manual_seed(member)
+            noisy = {n: w + 0.01 * torch.randn(w.shape, generator=generator) for n, w in master.tensors.items()}
+            engine.set_base_weights(noisy)
+            total += sum(c.num_tokens for c in engine.generate(prompts, [None] * len(prompts), args.tokens))
+            engine.set_base_weights(master.tensors)
+        return total
+
+    tokens = eggroll_generation()
+    assert tokens == papers_way() == args.population * len(prompts) * args.tokens  # same prompts, same tokens
+    split = {"evaluate": [], "update": []}
+    eggroll_seconds = timed(eggroll_generation, args.repeats)
+    papers_seconds = timed(papers_way, max(1, args.repeats - 1))
+    update_share = statistics.median(u / (e + u) for e, u in zip(split["evaluate"], split["update"]))
+    scratch.cleanup()
+    engine.shutdown()
+    return {
+        "tokens_per_generation": tokens,
+        "weights_moved": sum(slot.out_features * slot.in_features for slot in layout.modules),
+        "eggroll_seconds": eggroll_seconds,
+        "papers_way_seconds": papers_seconds,
+        "update_seconds": statistics.median(split["update"]),
+        "update_share": update_share,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--population", type=int, default=30)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--rank", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=str(RESULTS / "eggroll.json"))
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="evora-bench-model-"))
+    parameters = build_bench_model(folder)
+    measured = measure(folder, args)
+    shutil.rmtree(folder)
+    report = {
+        "setup": {**vars(args), "model_parameters": parameters, "device": "cpu", "torch_threads": args.threads},
+        "measured": measured,
+        "ratios": {
+            "eggroll_vs_papers_way": measured["papers_way_seconds"] / measured["eggroll_seconds"],
+            "update_share_of_generation": measured["update_share"],
+        },
+        "targets": {"eggroll_vs_papers_way": ">= 5", "update_share_of_generation": "<= 0.10"},
+    }
+    print_table(report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+def print_table(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s, m, ratios = report["setup"], report["measured"], report["ratios"]
+    table = Table(
+        title=f"one generation: {s['population']} candidates x {s['prompts']} prompts x {s['tokens']} tokens, "
+        f"{s['model_parameters'] / 1e6:.1f}M-parameter model, {m['weights_moved'] / 1e6:.1f}M weights moved, "
+        f"rank {s['rank']}"
+    )
+    for column in ("path", "seconds", "ratio", "target"):
+        table.add_column(column, justify="left" if column == "path" else "right")
+    table.add_row("evora eggroll (multi-LoRA vLLM + update)", f"{m['eggroll_seconds']:.2f}", "1.00", "")
+    table.add_row(
+        "paper's way (perturb in place, member by member)",
+        f"{m['papers_way_seconds']:.2f}",
+        f"evora {ratios['eggroll_vs_papers_way']:.2f}x",
+        ">= 5x",
+    )
+    table.add_row(
+        "update (fp32 master + re-cast)",
+        f"{m['update_seconds']:.2f}",
+        f"{ratios['update_share_of_generation']:.1%} of a generation",
+        "<= 10%",
+    )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

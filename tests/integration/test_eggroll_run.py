@@ -1,0 +1,120 @@
+"""strategy=eggroll through the real CLI, Ray and vLLM: 1 and 2 workers give bitwise the
+same exported weights, a resumed run equals the uninterrupted one, the exported model folder
+loads in transformers and in vLLM and gives the engine's own greedy completions, and the
+delta adapter loads in PEFT. (A killed worker: tests/integration/test_cluster.py.)"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import SMALL, cli_run, only_run_dir, run_evora
+from evora.lora.base_weights import read_weights
+from evora.tracking.metrics import read_metrics
+from evora.tracking.summary import read_summary
+
+pytestmark = pytest.mark.slow
+
+EGGROLL = (*SMALL, "strategy=eggroll", "strategy.snapshot_every=2")
+OUTCOMES = ("improvements", "regressions", "both_wrong", "both_right")
+MOVED = "model.layers.1.mlp.down_proj.weight"  # tuning/tiny_eggroll.yaml: layer 1's down_proj
+
+
+def exported(run_dir: Path, folder: str = "model") -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / folder / "model.safetensors"))
+
+
+def assert_bitwise_equal(ours: dict, theirs: dict) -> None:
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+@pytest.mark.xdist_group("eggroll-run")
+def test_one_and_two_workers_export_bitwise_the_same_weights(tiny_path):
+    two, stdout = cli_run(*EGGROLL, "generations=3", "hardware.num_workers=2")
+    one, _ = cli_run(*EGGROLL, "generations=3", "hardware.num_workers=1")
+    assert_bitwise_equal(exported(one), exported(two))
+    assert [r["reward_mean"] for r in read_metrics(one)[1:]] == [r["reward_mean"] for r in read_metrics(two)[1:]]
+    original = read_weights(tiny_path, [MOVED])[MOVED]
+    moved = exported(two)[MOVED]
+    assert not torch.equal(moved, original)  # the run changed the selected matrix ...
+    unselected = "model.layers.0.mlp.down_proj.weight"  # ... and nothing else
+    assert torch.equal(exported(two)[unselected], read_weights(tiny_path, [unselected])[unselected])
+    assert "49,152 weights moved" in stdout and "MiB of fp32 master copies per worker" in stdout
+    snapshot = load_file(str(two / "checkpoints" / "weights_gen_2.safetensors"))
+    assert snapshot[MOVED].dtype == torch.float32 and "adam_m/" + MOVED in snapshot  # Adam's moments too
+    records = read_metrics(two)[1:]
+    assert all(r["update_norm"] >= 0 and r["seconds_weights"] >= 0 for r in records)
+    assert any(r["update_norm"] > 0 for r in records)  # (a generation whose candidates all tie moves nothing)
+
+
+@pytest.mark.xdist_group("eggroll-run")
+def test_the_run_summary_names_the_exports_and_the_delta_adapter_loads_in_peft(tiny_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run_dir, _ = cli_run(*EGGROLL, "generations=3", "hardware.num_workers=2")
+    summary = read_summary(run_dir)
+    assert summary["strategy"] == "eggroll" and summary["center"] == "delta"
+    assert {"best", "delta", "model"} <= set(summary["adapters"])
+    details = summary["details"]
+    assert details["delta_rank"] == 16 and 0.0 <= details["delta_relative_error"] < 1.0
+    assert "kl" not in summary["best"]  # no base model inside an engine whose weights moved
+    base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(run_dir / "adapters" / "delta"))
+    assert model.peft_config["default"].r == 16
+    # The delta adapter is the update's truncation: on the base model it moves the matrix towards
+    # the exported weights by 1 - error of the way (Frobenius).
+    merged = model.merge_and_unload().state_dict()[MOVED]
+    original = read_weights(tiny_path, [MOVED])[MOVED]
+    target = exported(run_dir)[MOVED]
+    residual = float((merged - target).norm() / (target - original).norm())
+    assert residual == pytest.approx(details["delta_relative_error"], abs=1e-3)
+
+
+def test_resume_after_generation_2_of_4_equals_the_uninterrupted_run():
+    args = (*EGGROLL, "strategy.snapshot_every=3", "hardware.num_workers=2")
+    whole, _ = cli_run(*args, "generations=4")
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    first = run_evora([f"tracking.out_dir={out}", *args, "generations=2"], cwd=out)
+    assert first.returncode == 0, first.stderr[-4000:]
+    part = only_run_dir(out)
+    assert not list((part / "checkpoints").glob("weights_gen_*"))  # resume replays from the model's weights
+    second = run_evora([f"resume={part}", "generations=4"], cwd=out)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed at generation 2" in second.stdout
+    assert_bitwise_equal(exported(part), exported(whole))
+    assert [r["reward_mean"] for r in read_metrics(part)[1:]] == [r["reward_mean"] for r in read_metrics(whole)[1:]]
+
+
+@pytest.mark.xdist_group("eggroll-run")
+def test_the_exported_model_gives_the_engines_greedy_completions_in_transformers_and_vllm():
+    """The engine's own completions of the best weights on held-out (eval/best_vs_base.json)
+    come back from the exported folder, loaded as a plain model by transformers and by vLLM."""
+    from evora.config.schema import TaskConfig
+    from evora.distributed.worker import load_tokenizer
+    from evora.engines import EngineSpec, create_engine
+    from evora.tasks import build_task
+    from evora.tasks.prompts import PromptRenderer
+
+    run_dir, _ = cli_run(*EGGROLL, "generations=3", "hardware.num_workers=2")
+    folder = run_dir / read_summary(run_dir)["adapters"].get("best_model", "model")
+    report = json.loads((run_dir / "eval" / "best_vs_base.json").read_text())
+    rows = sorted((r for key in OUTCOMES for r in report[key]), key=lambda r: r["index"])[:24]
+    spec = EngineSpec(model=str(folder), dtype="float32", max_model_len=256)
+    task = build_task(TaskConfig(eval_size=64, selection_size=128), seed=0)  # SMALL, as the run
+    renderer = PromptRenderer(load_tokenizer(spec), "auto", task.plain_template)
+    heldout = task.splits().heldout
+    prompts = [renderer.ids(heldout[r["index"]]) for r in rows]
+    assert [heldout[r["index"]].prompt for r in rows] == [r["prompt"] for r in rows]
+    for engine_name in ("hf", "vllm"):  # AutoModelForCausalLM.from_pretrained / vLLM's LLM, no adapter
+        engine = create_engine(engine_name, spec)
+        try:
+            assert [c.text for c in engine.generate(prompts, [None] * len(prompts), 8)] == [r["adapter"] for r in rows]
+        finally:
+            engine.shutdown()
