@@ -250,7 +250,15 @@ def test_chaos_random_workers_killed_at_seeded_moments_are_replaced_and_change_n
     assert stdout.count("started as a replacement") == 3 and stdout.count("lost; its work is rerun") == 3
 
 
-EGGROLL_RUN = (*SMALL, "strategy=eggroll", "strategy.snapshot_every=2", "generations=4", "engine=hf")
+# Long enough (~20 s) for a replacement to start (~10 s) and join with a snapshot and updates behind it.
+EGGROLL_RUN = (
+    *SMALL,
+    "strategy=eggroll",
+    "strategy.snapshot_every=4",
+    "generations=30",
+    "task.prompts_per_generation=32",
+    "engine=hf",
+)
 
 
 def test_a_killed_eggroll_worker_is_replaced_with_the_same_weights(cluster):
@@ -258,7 +266,7 @@ def test_a_killed_eggroll_worker_is_replaced_with_the_same_weights(cluster):
     (its checksum is checked when it joins); the exported model is bitwise the fault-free run's."""
     reference, _ = cli_run(*EGGROLL_RUN, "hardware.num_workers=1")
     out, process = start_on(cluster, EGGROLL_RUN)
-    run_dir = wait_for(process, lambda: logged(out, 2), "generation 2")  # its snapshot is written
+    run_dir = wait_for(process, lambda: logged(out, 0), "the initial evaluation")
     victim = live_workers(cluster, run_dir)[0].name
     ray.kill(ray.get_actor(victim))
     wait_for(process, lambda: victim not in {a.name for a in live_workers(cluster, run_dir)}, f"{victim} to die")
@@ -267,7 +275,8 @@ def test_a_killed_eggroll_worker_is_replaced_with_the_same_weights(cluster):
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     rewards = [[r.get("reward_mean") for r in read_metrics(d)] for d in (run_dir, reference)]
     assert rewards[0] == rewards[1]
-    assert "started as a replacement" in stdout
+    records = [r for r in read_metrics(run_dir) if r["generation"] > 0]
+    assert sum(r["workers_replaced"] for r in records) >= 1, stdout
 
 
 # --- Hydra multirun -------------------------------------------------------------------------
