@@ -10,6 +10,9 @@
                 generate the P prompts with the base model, restore (Qiu et al. 2025's
                 accelerated loop), through the same engine's base-weight hook
   update share  the update's part of an evora generation
+  base limit    the same engine generating the same N x P sequences with no LoRA at all: what
+                batching alone gives on this device (on a CPU, little: a batch of P is already
+                compute-bound, where a GPU decodes N x P sequences for about the cost of P)
 
 The bench model of bench/throughput.py (a ~26M-parameter Llama with random weights) stands in
 for a real model; every sequence generates exactly --tokens tokens (ignore_eos).
@@ -117,11 +120,16 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
             engine.set_base_weights(master.tensors)
         return total
 
+    def base_limit() -> int:
+        out = engine.generate(prompts * args.population, [None] * (len(prompts) * args.population), args.tokens)
+        return sum(c.num_tokens for c in out)
+
     tokens = eggroll_generation()
-    assert tokens == papers_way() == args.population * len(prompts) * args.tokens  # same prompts, same tokens
+    assert tokens == papers_way() == base_limit() == args.population * len(prompts) * args.tokens  # same work
     split = {"evaluate": [], "update": []}
     eggroll_seconds = timed(eggroll_generation, args.repeats)
     papers_seconds = timed(papers_way, max(1, args.repeats - 1))
+    base_seconds = timed(base_limit, args.repeats)
     update_share = statistics.median(u / (e + u) for e, u in zip(split["evaluate"], split["update"]))
     scratch.cleanup()
     engine.shutdown()
@@ -130,6 +138,7 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
         "weights_moved": sum(slot.out_features * slot.in_features for slot in layout.modules),
         "eggroll_seconds": eggroll_seconds,
         "papers_way_seconds": papers_seconds,
+        "base_limit_seconds": base_seconds,
         "update_seconds": statistics.median(split["update"]),
         "update_share": update_share,
     }
@@ -154,6 +163,7 @@ def main() -> None:
         "measured": measured,
         "ratios": {
             "eggroll_vs_papers_way": measured["papers_way_seconds"] / measured["eggroll_seconds"],
+            "base_limit_vs_papers_way": measured["papers_way_seconds"] / measured["base_limit_seconds"],
             "update_share_of_generation": measured["update_share"],
         },
         "targets": {"eggroll_vs_papers_way": ">= 5", "update_share_of_generation": "<= 0.10"},
@@ -182,6 +192,12 @@ def print_table(report: dict) -> None:
         f"{m['papers_way_seconds']:.2f}",
         f"evora {ratios['eggroll_vs_papers_way']:.2f}x",
         ">= 5x",
+    )
+    table.add_row(
+        "base limit (same sequences, no LoRA)",
+        f"{m['base_limit_seconds']:.2f}",
+        f"{ratios['base_limit_vs_papers_way']:.2f}x the paper's way",
+        "",
     )
     table.add_row(
         "update (fp32 master + re-cast)",
