@@ -100,8 +100,12 @@ def test_adam_update_equals_torch_adam_on_the_same_gradients():
 
 def test_the_update_coefficients_add_each_pair_with_its_signs():
     eggroll, state = strategy(shaping="none")
-    state = told(eggroll, state, 0, [3.0, 1.0, 0.5, 0.5, -1.0, 2.0])
-    assert eggroll.update_of(state, 0).coefficients == (2.0, 0.0, -3.0)
+    specs, _ = eggroll.ask(state, 0)
+    result = eggroll.tell(state, specs, fitness_results(0, np.array([3.0, 1.0, 0.5, 0.5, -1.0, 2.0])))
+    assert eggroll.update_of(result.state, 0).coefficients == (2.0, 0.0, -3.0)
+    assert result.stats == {"pairs_tied": pytest.approx(1 / 3)}  # the middle pair moves nothing
+    with pytest.raises(ValueError, match="tell of generation 0 after 1 generations"):
+        eggroll.tell(result.state, specs, fitness_results(0, np.zeros(6)))
 
 
 def test_replay_from_a_snapshot_is_bitwise_the_straight_run():

@@ -122,10 +122,13 @@ class EggrollStrategy:
     def tell(self, state: EggrollState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
         if [s.index for s in specs] != list(range(len(specs))):
             raise ValueError("specs must be the whole population in index order")
-        fitness = [float(f) for f in results.fitness]
-        weights = shape(np.asarray(fitness), self.cfg.shaping)
-        stats = {"weights_abs_mean": float(np.abs(weights).mean())}
-        return Told(replace(state, fitness=[*state.fitness, fitness]), stats)
+        generation = specs[0].generation
+        if generation != len(state.fitness):  # the updates are replayed by position: no gaps
+            raise ValueError(f"tell of generation {generation} after {len(state.fitness)} generations")
+        state = replace(state, fitness=[*state.fitness, [float(f) for f in results.fitness]])
+        coefficients = self.update_of(state, generation).coefficients
+        # Pairs whose + and - candidates tie move nothing (greedy decoding ties often).
+        return Told(state, {"pairs_tied": float(sum(c == 0.0 for c in coefficients) / len(coefficients))})
 
     def center(self, state: EggrollState) -> Tensors:
         return {}  # no adapter: the engines' own (updated) weights are the center
