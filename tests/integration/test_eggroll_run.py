@@ -118,3 +118,59 @@ def test_the_exported_model_gives_the_engines_greedy_completions_in_transformers
             assert [c.text for c in engine.generate(prompts, [None] * len(prompts), 8)] == [r["adapter"] for r in rows]
         finally:
             engine.shutdown()
+
+
+@pytest.fixture()
+def local_ray():
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def test_workers_whose_weights_differ_stop_the_run_in_one_line(local_ray, tiny_path, tmp_path):
+    """Two real workers whose updates differ (one was given another lr): their checksums
+    disagree after the first update, and the sync raises one RunError naming both."""
+    from dataclasses import replace
+
+    import numpy as np
+    import ray
+
+    from evora.config.compose import compose_run
+    from evora.distributed.full_weights import EngineWeights
+    from evora.distributed.pool import WorkerPool
+    from evora.distributed.worker import EngineWorker, worker_spec
+    from evora.errors import RunError
+    from evora.lora.layout import build_layout, linear_shapes_of_model
+    from evora.strategies import get_strategy
+    from evora.strategies.protocol import StrategyContext, fitness_results
+
+    run = compose_run(["strategy=eggroll", "engine=hf", "strategy.population=4", "task.eval_size=8"])
+    layout = build_layout(
+        linear_shapes_of_model(tiny_path),
+        rank=1,
+        alpha=1,
+        target_modules=["down_proj"],
+        layers=[1],
+        base_model=tiny_path,
+    )
+    spec = worker_spec(run, tiny_path, layout, "mismatch")
+    specs = [spec, replace(spec, strategy=replace(spec.strategy, lr=2 * spec.strategy.lr))]
+    actors = [ray.remote(EngineWorker).options(num_cpus=1).remote(s, i) for i, s in enumerate(specs)]
+    pool = WorkerPool(actors, ray.get([a.info.remote() for a in actors]))
+    try:
+        strategy = get_strategy("eggroll").build(run.strategy, run.seed)
+        state = strategy.initial_state(StrategyContext(run.seed, layout, tiny_path))
+        candidates, _ = strategy.ask(state, 0)
+        state = strategy.tell(state, candidates, fitness_results(0, np.array([1.0, 0.0, 0.0, 1.0]))).state
+        weights = EngineWeights(strategy, pool, tmp_path, [], "strategy.lr=...")
+        weights.to(state, 0)  # the model's own weights on both: they agree
+        with pytest.raises(
+            RunError, match=r"generation 1: the workers' weights differ \(worker 0: \w+, worker 1: \w+\)"
+        ):
+            weights.to(state, 1)
+    finally:
+        pool.shutdown()
