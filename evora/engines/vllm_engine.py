@@ -83,9 +83,9 @@ class VLLMEngine:
             # evora sets the thread count itself (hardware.cpu_threads_per_worker): several
             # engines on one machine must not all bind the same cores.
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-            from evora.engines import vllm_cpu_lora
+            from evora.engines import vllm_patches
 
-            self.grouped_cpu_lora = vllm_cpu_lora.install()
+            self.grouped_cpu_lora = vllm_patches.install_cpu_lora()
         from vllm import LLM
 
         check_vllm()

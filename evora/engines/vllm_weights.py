@@ -23,7 +23,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-WRITTEN_FOR = "0.32"
+from evora.engines.vllm_patches import WRITTEN_FOR
+
 EXTENSION = "evora.engines.vllm_weights.BaseWeightsExtension"
 
 

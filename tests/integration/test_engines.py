@@ -164,13 +164,32 @@ def test_tiny_model_base_accuracy_is_clearly_between_0_and_1(vllm_engine, tokeni
     assert first > 0.9, first
 
 
-def test_grouped_cpu_lora_ops_are_installed(vllm_engine):
+def test_grouped_cpu_lora_ops_are_installed_and_take_the_linear_layers(
+    vllm_engine, scratch, layout, prompts, monkeypatch
+):
     import vllm.lora.punica_wrapper.punica_cpu as punica_cpu
 
     from evora.engines import vllm_cpu_lora
 
     assert vllm_engine.grouped_cpu_lora
     assert punica_cpu.bgmv_shrink is vllm_cpu_lora.bgmv_shrink
+    assert punica_cpu.PunicaWrapperCPU._evora_grouped
+    calls = []
+    grouped = vllm_cpu_lora.grouped_lora_linear
+
+    def counted(y, x, groups, weights, scale):
+        calls.append(len(groups.slots))
+        return grouped(y, x, groups, weights, scale)
+
+    monkeypatch.setattr(vllm_cpu_lora, "grouped_lora_linear", counted)
+    refs = [
+        scratch.write(f"g{i}", random_adapter(layout, seed=i, a_std=None, b_std=0.5), layout, torch.float32)
+        for i in range(2)
+    ]
+    vllm_engine.generate(prompts[:4] * 2, [refs[0]] * 4 + [refs[1]] * 4, 4)
+    vllm_engine.release(refs)
+    scratch.remove(refs)
+    assert calls and max(calls) == 2  # both adapters in one batched product, every step
 
 
 def test_perplexity_of_vllm_and_hf_agree_within_one_percent(vllm_engine, hf_engine, scratch, layout, tokenizer):

@@ -62,3 +62,75 @@ def test_no_adapter_rows_never_take_the_last_slot():
     out = lora_products(x, w, torch.tensor([0, -1, 2, -1]), torch.float32)
     assert torch.all(out[1] == 0) and torch.all(out[3] == 0)
     assert torch.allclose(out[2], x[2] @ w[2, 0].T)
+
+
+# --- the grouped path (linear layers) ----------------------------------------------------
+
+SLICES = (12, 4, 4)  # a fused qkv layer's output slices
+MAX_LORAS, RANK, IN = 5, 3, 10
+
+
+def stacked_weights(seed):
+    """vLLM's stacked LoRA weights of one fused layer: A [max_loras, 1, rank, in], B [max_loras, 1, out, rank]."""
+    g = torch.Generator().manual_seed(seed)
+    lora_a = tuple(torch.randn(MAX_LORAS, 1, RANK, IN, generator=g) for _ in SLICES)
+    lora_b = tuple(torch.randn(MAX_LORAS, 1, size, RANK, generator=g) for size in SLICES)
+    return lora_a, lora_b
+
+
+def dense_reference(x, indices, lora_a, lora_b, scale):
+    """Row by row: y[row, slice] = (x[row] @ A[slot]^T * scale) @ B[slot]^T; rows without an adapter stay 0."""
+    out = torch.zeros(x.shape[0], sum(SLICES), dtype=torch.float64)
+    for row, slot in enumerate(indices.tolist()):
+        if slot < 0:
+            continue
+        offset = 0
+        for a, b, size in zip(lora_a, lora_b, SLICES):
+            out[row, offset : offset + size] = (x[row].double() @ a[slot, 0].double().T * scale) @ b[slot, 0].double().T
+            offset += size
+    return out
+
+
+@pytest.mark.parametrize(
+    "indices, viewed",
+    [
+        ([2, 2, 0, 0, 4, 4], True),  # equal runs, one slot each (decode, uniform population): x viewed as it is
+        ([0, 0, 0, 1, 3, 3], False),  # unequal runs
+        ([1, 3, 1, 3, 2, 1], False),  # interleaved: rows are gathered by slot
+        ([-1, 2, 2, -1, 0, 0], False),  # base-model rows in a mixed batch stay untouched
+        ([4, 4, 4, 4, 4, 4], True),  # one adapter
+        ([2, 2, 0, 0, 2, 2], False),  # a slot in two runs
+    ],
+)
+def test_grouped_lora_linear_equals_the_row_by_row_products(indices, viewed):
+    from evora.engines.vllm_cpu_lora import grouped_lora_linear, grouped_weights, step_groups
+
+    lora_a, lora_b = stacked_weights(0)
+    x = torch.randn(len(indices), IN, generator=torch.Generator().manual_seed(1))
+    idx = torch.tensor(indices)
+    groups = step_groups(idx, [10 + s for s in range(MAX_LORAS)])
+    assert (groups.gather is None) == viewed
+    assert groups.lora_ids == tuple(10 + s for s in groups.slots)
+    y = torch.ones(len(indices), sum(SLICES))
+    grouped_lora_linear(y, x, groups, grouped_weights(lora_a, lora_b, groups, SLICES, torch.float32), 0.5)
+    assert torch.allclose(y.double() - 1, dense_reference(x, idx, lora_a, lora_b, 0.5), atol=1e-5)
+
+
+def test_no_adapter_rows_make_no_groups():
+    from evora.engines.vllm_cpu_lora import step_groups
+
+    assert step_groups(torch.tensor([-1, -1, -1]), [None] * MAX_LORAS) is None
+
+
+def test_grouped_weights_pad_to_the_model_and_key_by_the_adapters_in_the_slots():
+    """An adapter's B may have fewer rows than the model's slice (padding): the rest stays zero."""
+    from evora.engines.vllm_cpu_lora import grouped_weights, step_groups
+
+    lora_a, lora_b = stacked_weights(2)
+    short = (lora_b[0][:, :, :10], lora_b[1], lora_b[2])
+    groups = step_groups(torch.tensor([3, 3, 1, 1]), [None, 7, None, 8, None])
+    weights = grouped_weights(lora_a, short, groups, SLICES, torch.float32)
+    assert weights.a.shape == (2, IN, 3 * RANK) and weights.b.shape == (2, 3 * RANK, sum(SLICES))
+    assert torch.all(weights.b[:, :RANK, 10:12] == 0) and torch.all(weights.b[:, RANK:, :12] == 0)
+    assert weights.key == ((3, 1), (8, 7), torch.float32)
+    assert groups.weights_key(torch.bfloat16) != weights.key
