@@ -73,6 +73,7 @@ class EngineConfig:
     enforce_eager: bool = True
     adapter_dir: str = "/dev/shm"
     ignore_eos: bool = False  # generate exactly task.max_tokens tokens (benchmarks)
+    units: str = "fixed"  # fixed: max_loras candidates per generate (bitwise across worker counts) | whole
     vllm_args: dict[str, Any] = field(default_factory=dict)
 
 

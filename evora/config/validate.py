@@ -21,6 +21,7 @@ from evora.strategies.checks import choice, fail, require
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINES = ("vllm", "hf")
+UNITS = ("fixed", "whole")
 TRACKERS = ("local", "wandb")
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -221,6 +222,7 @@ def _check_engine(run: RunConfig) -> None:
     engine = run.engine
     choice("engine.name", engine.name, ENGINES)
     require(engine.max_loras >= 1, "engine.max_loras", engine.max_loras, "must be >= 1")
+    choice("engine.units", engine.units, UNITS)
     require(engine.max_num_seqs >= 1, "engine.max_num_seqs", engine.max_num_seqs, "must be >= 1")
     require(Path(engine.adapter_dir).is_dir(), "engine.adapter_dir", engine.adapter_dir, "directory not found")
     if engine.name == "vllm":

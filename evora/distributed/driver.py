@@ -27,9 +27,9 @@ from evora.config.validate import check_split_sizes
 from evora.distributed.evaluate import (
     candidate_matrices,
     candidate_texts,
-    chunks,
     evaluate_split,
     row_means,
+    search_units,
     spend_of,
 )
 from evora.distributed.finish import Outcome, final_event, report_against_base, write_run_summary
@@ -338,9 +338,10 @@ class Driver:
         specs, payload = self.strategy.ask(self.state, generation)
         prompts = routed_prompts(specs) or self._prompt_batch(generation)
         texts = bool(getattr(self.strategy, "keeps_texts", False))  # the ecology's self-training reads them
+        engine = self.run_cfg.engine
         units = [
             WorkUnit(tuple(c), "train", prompts, keep_texts=texts, perplexity=self.fitness.needs_perplexity)
-            for c in chunks(specs, self.run_cfg.engine.max_loras)
+            for c in search_units(specs, engine.units, engine.max_loras, len(self.pool))
         ]
         results = self.pool.run(ray.put(payload), units)
         changes = self.pool.take_events()
@@ -378,6 +379,7 @@ class Driver:
             reward_timeouts=sum(r.reward_timeouts for r in results),
             seconds_evaluate=evaluated - started,
             seconds_update=time.perf_counter() - evaluated,
+            units=len(results),  # generate calls the candidates took (engine.units)
             **timing_sums(results),
             worker_rss_mb={str(r.worker): r.rss_mb for r in results},
             workers_lost=sum(c["event"] == "worker-lost" for c in changes),

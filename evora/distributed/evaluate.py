@@ -23,6 +23,17 @@ def chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def search_units(specs: list, units: str, max_loras: int, workers: int) -> list[list]:
+    """A generation's candidates in work units (one `generate` call each). `fixed`: max_loras
+    candidates a unit, whatever the pool, so any number of workers gives bitwise the same
+    results (docs/architecture.md, "Determinism rules"). `whole`: one unit per live worker,
+    vLLM's scheduler keeping max_loras adapters in flight; no call waits at its end for a few
+    long sequences, but batches, and so float sums, change with the number of workers."""
+    if units == "whole":
+        return chunks(specs, max(1, -(-len(specs) // max(1, workers))))
+    return chunks(specs, max_loras)
+
+
 def spend_of(results: list[UnitResult]) -> Spend:
     return Spend(
         tokens_prompt=sum(r.tokens_prompt for r in results),

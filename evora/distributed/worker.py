@@ -96,7 +96,7 @@ def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = Non
         max_model_len=run.model.max_model_len,
         max_lora_rank=max_lora_rank or run.lora.rank,
         max_loras=engine.max_loras,
-        max_cpu_loras=engine.max_loras,
+        max_cpu_loras=host_lora_slots(run),
         max_num_seqs=engine.max_num_seqs,
         enforce_eager=engine.enforce_eager,
         tensor_parallel_size=hw.tensor_parallel_size,
@@ -109,6 +109,16 @@ def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = Non
         ignore_eos=engine.ignore_eos,
         vllm_args=dict(engine.vllm_args),
     )
+
+
+def host_lora_slots(run: RunConfig) -> int:
+    """Adapters an engine keeps loaded on its host: a work unit's candidates. Under
+    `engine.units=whole` a unit is a worker's share of the population: all of it, were that
+    worker the last one left (beyond this, vLLM would evict and re-read adapters mid-call)."""
+    engine = run.engine
+    if engine.units == "whole":
+        return max(engine.max_loras, int(getattr(run.strategy, "population", 0) or 0))
+    return engine.max_loras
 
 
 def engine_rank(layout: AdapterLayout) -> int:

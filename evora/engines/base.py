@@ -49,11 +49,21 @@ class EngineSpec:
     vllm_args: dict[str, Any] = field(default_factory=dict)
 
 
+def per_request(max_tokens: int | Sequence[int], count: int) -> list[int]:
+    """`max_tokens` of each of `count` requests: one value for all, or one each."""
+    if isinstance(max_tokens, int):
+        return [max_tokens] * count
+    if len(max_tokens) != count:
+        raise ValueError(f"max_tokens for {len(max_tokens)} requests, {count} prompts")
+    return [int(m) for m in max_tokens]
+
+
 class Engine(Protocol):
     def generate(
-        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int
+        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int | Sequence[int]
     ) -> list[Completion]:
-        """Greedy completions of token-id prompts; adapters[i] (None: base model) applies to prompts[i]."""
+        """Greedy completions of token-id prompts; adapters[i] (None: base model) applies to prompts[i];
+        max_tokens: one limit for every request, or one each."""
 
     def score(
         self, prompts: Sequence[list[int]], targets: Sequence[list[int]], adapters: Sequence[AdapterRef | None]

@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 
-from evora.engines.base import AdapterRef, Completion, EngineSpec
+from evora.engines.base import AdapterRef, Completion, EngineSpec, per_request
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 T = TypeVar("T")
@@ -79,9 +79,12 @@ class HFEngine:
         return results  # type: ignore[return-value]
 
     def generate(
-        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int
+        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int | Sequence[int]
     ) -> list[Completion]:
-        return self._by_adapter(adapters, lambda chunk: self._greedy([prompts[i] for i in chunk], max_tokens))
+        limits = per_request(max_tokens, len(prompts))
+        return self._by_adapter(
+            adapters, lambda chunk: self._greedy([prompts[i] for i in chunk], [limits[i] for i in chunk])
+        )
 
     def score(
         self, prompts: Sequence[list[int]], targets: Sequence[list[int]], adapters: Sequence[AdapterRef | None]
@@ -109,8 +112,11 @@ class HFEngine:
         yield
 
     @torch.no_grad()
-    def _greedy(self, prompts: list[list[int]], max_tokens: int) -> list[Completion]:
+    def _greedy(self, prompts: list[list[int]], limits: list[int]) -> list[Completion]:
+        """One batched `generate` to the chunk's largest limit (every row pays for the longest,
+        as batched transformers generation does), each row then cut to its own limit."""
         ids, mask = pad(prompts, self.pad_id, left=True)
+        max_tokens = max(limits)
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
@@ -123,7 +129,7 @@ class HFEngine:
             pad_token_id=self.pad_id,
             eos_token_id=self.tokenizer.eos_token_id,
         )
-        rows = out[:, ids.shape[1] :].tolist()
+        rows = [row[:limit] for row, limit in zip(out[:, ids.shape[1] :].tolist(), limits)]
         if not self.spec.ignore_eos:
             rows = [self._until_eos(row) for row in rows]
         return [Completion(self.tokenizer.decode(row, skip_special_tokens=True), len(row), tuple(row)) for row in rows]

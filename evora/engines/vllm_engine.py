@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from evora.engines.base import AdapterRef, Completion, EngineSpec
+from evora.engines.base import AdapterRef, Completion, EngineSpec, per_request
 from evora.engines.vllm_weights import EXTENSION, check_vllm
 
 # Top-k of the KL estimate: vLLM's default max_logprobs, so no engine argument has to change.
@@ -123,11 +123,17 @@ class VLLMEngine:
         )
 
     def generate(
-        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int
+        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int | Sequence[int]
     ) -> list[Completion]:
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=self.ignore_eos)
+        if isinstance(max_tokens, int):
+            params: Any = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=self.ignore_eos)
+        else:  # one limit per request: vLLM takes a list of sampling parameters
+            params = [
+                SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=self.ignore_eos)
+                for m in per_request(max_tokens, len(prompts))
+            ]
         if self.device == "cpu" and not self.grouped_cpu_lora:
             return self._base_apart(prompts, adapters, params)
         return [completion(o) for o in self._run(prompts, adapters, params)]
@@ -141,7 +147,8 @@ class VLLMEngine:
         for wanted in (True, False):
             indices = [i for i, a in enumerate(adapters) if (a is None) == wanted]
             if indices:
-                outputs = self._run([prompts[i] for i in indices], [adapters[i] for i in indices], params)
+                subset = params if not isinstance(params, list) else [params[i] for i in indices]
+                outputs = self._run([prompts[i] for i in indices], [adapters[i] for i in indices], subset)
                 for i, o in zip(indices, outputs):
                     results[i] = completion(o)
         return results  # type: ignore[return-value]

@@ -4,6 +4,7 @@ model. Runs are shared between tests through a module-level cache."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -132,6 +133,16 @@ def test_one_worker_and_two_workers_give_the_bitwise_same_mean_adapter():
     assert load(one / "checkpoints" / "latest.pt")["state"]["step"] == 3
     fitness_one = [r["reward_mean"] for r in read_metrics(one)[1:]]
     assert fitness_one == [r["reward_mean"] for r in read_metrics(two)[1:]]
+
+
+def test_whole_units_give_each_worker_its_share_in_one_generate_call():
+    """engine.units=whole: 8 candidates on 2 workers are 2 calls of 4 (vLLM keeping max_loras=2
+    in flight), where fixed units make 4 calls of 2; every candidate is scored."""
+    run, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2", "engine.max_loras=2", "engine.units=whole")
+    records = read_metrics(run)[1:]
+    assert [r["units"] for r in records] == [2, 2, 2]
+    assert all(math.isfinite(r["reward_mean"]) and r["tokens"] > 0 for r in records)
+    assert load(run / "checkpoints" / "latest.pt")["state"]["step"] == 3
 
 
 def test_resume_after_generation_2_of_4_equals_the_uninterrupted_run():

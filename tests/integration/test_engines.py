@@ -126,6 +126,35 @@ def test_mixed_batch_serves_each_request_its_own_adapter(vllm_engine, scratch, l
     vllm_engine.release([a, b])
 
 
+def test_interleaved_requests_more_adapters_than_slots_and_per_request_limits(
+    vllm_engine, hf_engine, scratch, layout, prompts
+):
+    """Six adapters (max_loras is 4) with base requests, interleaved request by request, each
+    request with its own token limit, in one call: every request gets its own adapter (vLLM's
+    scheduler keeps at most max_loras in flight; the CPU LoRA path gathers rows by slot), and
+    a completion under a limit is the start of the same request's longer completion."""
+    refs = [
+        scratch.write(f"i{k}", random_adapter(layout, seed=20 + k, a_std=None, b_std=1.0), layout, torch.float32)
+        for k in range(6)
+    ]
+    adapters = [None, *refs]
+    count = 3 * len(adapters)
+    batch_prompts = [prompts[i % len(prompts)] for i in range(count)]
+    batch_adapters = [adapters[i % len(adapters)] for i in range(count)]
+    limits = [1 + (5 * i) % 12 for i in range(count)]
+    mixed = vllm_engine.generate(batch_prompts, batch_adapters, limits)
+    full = {a: texts(vllm_engine, a, batch_prompts) for a in adapters}
+    for i, (completion, adapter, limit) in enumerate(zip(mixed, batch_adapters, limits)):
+        assert completion.num_tokens <= limit
+        alone = vllm_engine.generate([batch_prompts[i]], [adapter], 12)[0]
+        assert completion.token_ids == alone.token_ids[:limit]
+        assert alone.text == full[adapter][i]
+    by_hf = hf_engine.generate(batch_prompts, batch_adapters, limits)
+    assert [c.token_ids for c in by_hf] == [c.token_ids for c in mixed]
+    vllm_engine.release(refs)
+    hf_engine.release(refs)
+
+
 def test_base_requests_stay_base_when_every_adapter_slot_is_busy(vllm_engine, scratch, layout, prompts):
     """vLLM's CPU LoRA ops gave base-model rows the last slot's adapter when max_loras
     adapters shared the batch; evora's replacement must not."""

@@ -89,6 +89,7 @@ def test_configs_are_frozen():
             "hardware=gpu engine=hf hardware.tensor_parallel_size=2",
             "> 1 needs GPU engines (hardware.gpus_per_worker=1) and engine=vllm",
         ),
+        ("engine.units=all", 'engine.units="all": allowed: fixed, whole'),
         ("hardware.driver_restarts=-1", "hardware.driver_restarts=-1: must be >= 0"),
         ("hardware.worker_replacements=-1", "hardware.worker_replacements=-1: must be >= 0"),
         ("strategy.sigma=inf", "strategy.sigma=inf: must be a finite number"),
