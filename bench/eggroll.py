@@ -1,7 +1,7 @@
 """One EGGROLL generation against the ES paper's way, on the same vLLM engine
 (docs/architecture.md, "Benchmarks"). Every figure is a ratio measured in this one run.
 
-    python bench/eggroll.py [--population 30] [--prompts 32] [--tokens 16]
+    python bench/eggroll.py [--population 30] [--prompts 32] [--tokens 16] [--device cpu|cuda] [--model PATH]
 
   evora         strategy=eggroll: N rank-r LoRAs rebuilt from seeds, one multi-LoRA generate
                 over N x P prompts; then the update, applied to the fp32 master copies and
@@ -14,8 +14,9 @@
                 batching alone gives on this device (on a CPU, little: a batch of P is already
                 compute-bound, where a GPU decodes N x P sequences for about the cost of P)
 
-The bench model of bench/throughput.py (a ~26M-parameter Llama with random weights) stands in
-for a real model; every sequence generates exactly --tokens tokens (ignore_eos).
+Without --model, the bench model of bench/throughput.py (a ~26M-parameter Llama with random
+weights) stands in for a real model; every sequence generates exactly --tokens tokens
+(ignore_eos). On a GPU machine (vLLM's GPU build): --device cuda [--model <folder or hub id>].
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import RESULTS, build_bench_model  # noqa: E402  (the same bench model)
+
+from evora.models.parameters import count_parameters  # noqa: E402
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -72,7 +75,9 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
         "vllm",
         EngineSpec(
             model=str(model),
-            dtype="float32",
+            dtype=args.dtype,
+            device=args.device,
+            gpu_memory_utilization=0.5,
             max_model_len=256,
             max_lora_rank=max(8, args.rank),
             max_loras=args.population,
@@ -91,12 +96,15 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
     generations = iter(range(10**6))
     split: dict[str, list[float]] = {"evaluate": [], "update": []}
 
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    keep = scratch.hold if engine.loads_from_memory else scratch.write  # what EngineWorker.evaluate does
+
     def eggroll_generation() -> int:
         nonlocal state
         generation = next(generations)
         started = time.perf_counter()
         specs, payload = eggroll.ask(state, generation)
-        refs = [scratch.write(s.label, eggroll.materialise(payload, s), layout, torch.float32) for s in specs]
+        refs = [keep(s.label, eggroll.materialise(payload, s), layout, dtype) for s in specs]
         out = engine.generate(prompts * len(refs), [r for r in refs for _ in prompts], args.tokens)
         engine.release(refs)
         scratch.remove(refs)
@@ -152,14 +160,21 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--model", help="a local model folder (default: the ~26M random-weight bench model)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
     parser.add_argument("--out", default=str(RESULTS / "eggroll.json"))
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="evora-bench-model-"))
-    parameters = build_bench_model(folder)
-    measured = measure(folder, args)
-    shutil.rmtree(folder)
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if args.model is None:
+        folder = Path(tempfile.mkdtemp(prefix="evora-bench-model-"))
+        parameters = build_bench_model(folder)
+        measured = measure(folder, args)
+        shutil.rmtree(folder)
+    else:
+        parameters, measured = count_parameters(args.model), measure(Path(args.model), args)
     report = {
-        "setup": {**vars(args), "model_parameters": parameters, "device": "cpu", "torch_threads": args.threads},
+        "setup": {**vars(args), "model_parameters": parameters, "torch_threads": args.threads},
         "measured": measured,
         "ratios": {
             "eggroll_vs_papers_way": measured["papers_way_seconds"] / measured["eggroll_seconds"],

@@ -72,6 +72,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     enforce_eager: bool = True
     adapter_dir: str = "/dev/shm"
+    adapters_in_memory: bool = True  # vLLM in-process: candidates reach the engine as tensors, not files
     ignore_eos: bool = False  # generate exactly task.max_tokens tokens (benchmarks)
     units: str = "fixed"  # fixed: max_loras candidates per generate (bitwise across worker counts) | whole
     vllm_args: dict[str, Any] = field(default_factory=dict)

@@ -107,6 +107,7 @@ def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = Non
         trust_remote_code=run.model.trust_remote_code,
         device="cuda" if hw.gpus_per_worker > 0 else "cpu",
         ignore_eos=engine.ignore_eos,
+        adapters_in_memory=engine.adapters_in_memory,
         vllm_args=dict(engine.vllm_args),
     )
 
@@ -238,9 +239,10 @@ class EngineWorker:
         start = time.perf_counter()
         layout = getattr(payload, "layout", None) or self.layout  # PBT members differ in rank and modules
         refs = []
+        keep = self.scratch.hold if self.engine.loads_from_memory else self.scratch.write
         for spec in unit.specs:
             tensors = materialise(self.strategy, payload, spec)
-            refs.append(None if tensors is None else self.scratch.write(spec.label, tensors, layout, self.dtype))
+            refs.append(None if tensors is None else keep(spec.label, tensors, layout, self.dtype))
         materialised = time.perf_counter()
         examples = [self.splits.get(unit.split)[i] for i in unit.prompt_indices]
         prompts = [self.prompt_ids(unit.split, i) for i in unit.prompt_indices]

@@ -1,4 +1,5 @@
-"""Candidate adapters on tmpfs (`/dev/shm`), each under a fresh LoRA id, removed after use.
+"""Candidate adapters, each under a fresh LoRA id: on tmpfs (`/dev/shm`), removed after
+use, or held in memory for an engine that loads tensors (vLLM in-process).
 
 Folders are named `evora-<run tag>-<pid>`, so the driver can also sweep away what a
 killed worker left behind (`sweep_run_scratch`).
@@ -15,7 +16,7 @@ import torch
 
 from evora.engines.base import AdapterRef
 from evora.lora.layout import AdapterLayout
-from evora.lora.peft_io import save_adapter
+from evora.lora.peft_io import adapter_config, check_tensors, save_adapter
 
 
 class AdapterScratch:
@@ -28,14 +29,27 @@ class AdapterScratch:
     def write(
         self, label: str, tensors: dict[str, torch.Tensor], layout: AdapterLayout, dtype: torch.dtype
     ) -> AdapterRef:
-        lora_id = self._next_id
-        self._next_id += 1
+        lora_id = self._fresh_id()
         path = save_adapter(self.dir / str(lora_id), tensors, layout, dtype)
         return AdapterRef(lora_id, f"{label}#{lora_id}", str(path))
 
+    def hold(
+        self, label: str, tensors: dict[str, torch.Tensor], layout: AdapterLayout, dtype: torch.dtype
+    ) -> AdapterRef:
+        """The adapter in memory: the tensors `write` would save (cast, contiguous), and its config."""
+        check_tensors(tensors, layout)
+        lora_id = self._fresh_id()
+        cast = {name: t.to(dtype).contiguous() for name, t in tensors.items()}
+        return AdapterRef(lora_id, f"{label}#{lora_id}", "", cast, adapter_config(layout))
+
+    def _fresh_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
     def remove(self, refs: list[AdapterRef]) -> None:
         for ref in refs:
-            shutil.rmtree(ref.path, ignore_errors=True)
+            if ref.path:
+                shutil.rmtree(ref.path, ignore_errors=True)
 
     def cleanup(self) -> None:
         self._finalizer()

@@ -1,7 +1,9 @@
 """The engine protocol: batched greedy generation over (adapter, prompt) pairs.
 
-Engines load adapters by path (PEFT layout) under an id that is never reused: vLLM
-caches adapters by id, so a reused id would silently serve old weights.
+Engines load adapters by path (PEFT layout), or, where the engine says it can
+(`loads_from_memory`: vLLM in-process), from the tensors an `AdapterRef` carries, under an
+id that is never reused: vLLM caches adapters by id, so a reused id would silently serve
+old weights.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import torch
 class AdapterRef:
     lora_id: int  # fresh for every candidate
     name: str
-    path: str
+    path: str  # the PEFT folder; "" for an adapter held in memory
+    # In memory: PEFT-named tensors in the engine's dtype, and their adapter_config.json.
+    tensors: Mapping[str, torch.Tensor] | None = field(default=None, compare=False, repr=False)
+    config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class EngineSpec:
     trust_remote_code: bool = False
     device: str = "cpu"  # cpu | cuda
     ignore_eos: bool = False  # always generate max_tokens tokens
+    adapters_in_memory: bool = True  # vLLM: candidates as tensors, not files, where the engine can
     vllm_args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -59,6 +65,8 @@ def per_request(max_tokens: int | Sequence[int], count: int) -> list[int]:
 
 
 class Engine(Protocol):
+    loads_from_memory: bool  # takes AdapterRefs that carry their tensors (no folder)
+
     def generate(
         self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int | Sequence[int]
     ) -> list[Completion]:

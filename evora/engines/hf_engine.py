@@ -40,6 +40,8 @@ def exact_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
 
 
 class HFEngine:
+    loads_from_memory = False  # PEFT loads adapters from their folders
+
     def __init__(self, spec: EngineSpec):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

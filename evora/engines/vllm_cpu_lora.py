@@ -40,10 +40,10 @@ REPLACED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "s
 class StepGroups:
     """A step's token rows grouped by adapter slot: G groups padded to `length` rows each.
 
-    `gather` lists, group-major, the row of x behind each of the G x length cells (padding
-    repeats a real row; its products are computed and dropped); `valid` marks the real cells
-    and `rows` their rows, in the same order. When the rows already come as G equal runs, one
-    slot each (a uniform population in decode), all three are None and x is viewed as it is.
+    `gather` lists, group-major, the row of x behind each of the G x length cells; a padding
+    cell repeats a real row, its product multiplied by 0 (`keep`) so that it adds nothing back.
+    When the rows already come as G equal runs, one slot each (a uniform population in
+    decode), `gather` is None and x is viewed as it is.
     """
 
     num_rows: int
@@ -51,8 +51,7 @@ class StepGroups:
     lora_ids: tuple[int | None, ...]  # the LoRA id in each of those slots: keys GroupedWeights
     length: int
     gather: torch.Tensor | None = None
-    valid: torch.Tensor | None = None
-    rows: torch.Tensor | None = None
+    keep: torch.Tensor | None = None  # [G, length, 1] fp32: 1 a real cell, 0 padding; None: no padding
 
     def weights_key(self, dtype: torch.dtype) -> tuple:
         """What a layer's `GroupedWeights` for this step depend on."""
@@ -73,7 +72,7 @@ def step_groups(indices: torch.Tensor, slot_ids: list[int | None]) -> StepGroups
     slots, counts = torch.unique_consecutive(indices[order], return_counts=True)
     length = int(counts.max())
     offsets = torch.arange(length)
-    valid = offsets[None, :] < counts[:, None]  # [G, length]
+    real = offsets[None, :] < counts[:, None]  # [G, length]
     cells = (torch.cumsum(counts, 0) - counts)[:, None] + offsets[None, :]
     gather = order[cells.clamp(max=order.numel() - 1)].flatten()
     slot_list = slots.tolist()
@@ -83,8 +82,7 @@ def step_groups(indices: torch.Tensor, slot_ids: list[int | None]) -> StepGroups
         tuple(slot_ids[s] for s in slot_list),
         length,
         gather,
-        valid.flatten(),
-        gather[valid.flatten()],
+        None if bool(real.all()) else real.to(torch.float32).unsqueeze(-1),
     )
 
 
@@ -123,18 +121,23 @@ def grouped_lora_linear(
 ) -> None:
     """y[row] += (x[row] @ A_slot^T * scale) @ B_slot^T for every row in a group, in place."""
     count, length = len(groups.slots), groups.length
-    inputs = x.reshape(-1, x.shape[-1]).to(torch.float32)
+    inputs = x.reshape(-1, x.shape[-1])
+    if inputs.dtype != torch.float32:  # vLLM's shrink buffer is fp32
+        inputs = inputs.float()
     if groups.gather is not None:
         inputs = inputs.index_select(0, groups.gather)
     shrunk = torch.bmm(inputs.view(count, length, -1), weights.a)
     if scale != 1.0:
         shrunk.mul_(scale)
+    if groups.keep is not None:
+        shrunk.mul_(groups.keep)  # padding cells add nothing back
     out = y.view(-1, y.shape[-1])
+    if shrunk.dtype != y.dtype:
+        shrunk = shrunk.to(y.dtype)
     if groups.gather is None:
-        out.view(count, length, -1).baddbmm_(shrunk.to(y.dtype), weights.b)
+        out.view(count, length, -1).baddbmm_(shrunk, weights.b)
     else:
-        products = torch.bmm(shrunk.to(y.dtype), weights.b).view(count * length, -1)
-        out.index_add_(0, groups.rows, products[groups.valid])
+        out.index_add_(0, groups.gather, torch.bmm(shrunk, weights.b).view(count * length, -1))
 
 
 # --- the per-row ops (logits, embeddings, fallback) -------------------------------------

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from evora.engines import vllm_patches
 from evora.engines.base import AdapterRef, Completion, EngineSpec, per_request
 from evora.engines.vllm_weights import EXTENSION, check_vllm
 
@@ -71,6 +72,14 @@ def top_k_kl(adapted: Mapping[int, float], base: Mapping[int, float]) -> float:
     return max(kl, 0.0)  # >= 0 exactly; rounding can leave -1e-9 for equal distributions
 
 
+def lora_request(adapter: AdapterRef) -> Any:
+    from vllm.lora.request import LoRARequest
+
+    if adapter.tensors is None:
+        return LoRARequest(adapter.name, adapter.lora_id, adapter.path)
+    return vllm_patches.memory_request(adapter.name, adapter.lora_id, adapter.tensors, adapter.config)
+
+
 class VLLMEngine:
     def __init__(self, spec: EngineSpec):
         self.ignore_eos = spec.ignore_eos
@@ -83,9 +92,11 @@ class VLLMEngine:
             # evora sets the thread count itself (hardware.cpu_threads_per_worker): several
             # engines on one machine must not all bind the same cores.
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-            from evora.engines import vllm_patches
-
             self.grouped_cpu_lora = vllm_patches.install_cpu_lora()
+        # A request object reaches the model runner only in this process (no engine-core
+        # process, no tensor-parallel workers): then adapters may travel as tensors.
+        in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and spec.tensor_parallel_size == 1
+        self.loads_from_memory = spec.adapters_in_memory and in_process and vllm_patches.install_memory_adapters()
         from vllm import LLM
 
         check_vllm()
@@ -115,9 +126,7 @@ class VLLMEngine:
         self.llm = LLM(**args)
 
     def _run(self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], params: Any) -> list:
-        from vllm.lora.request import LoRARequest
-
-        requests = [None if a is None else LoRARequest(a.name, a.lora_id, a.path) for a in adapters]
+        requests = [None if a is None else lora_request(a) for a in adapters]
         return self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in prompts], params, lora_request=requests, use_tqdm=False
         )

@@ -5,6 +5,11 @@ the engine keeps vLLM's own behaviour (and says so once in the log).
 - `install_cpu_lora`: grouped multi-LoRA ops for the CPU backend (`vllm_cpu_lora`): the
   linear layers' `add_lora_linear` runs batched matmuls over the step's adapter groups, and
   the per-row ops leave rows without an adapter untouched.
+- `install_memory_adapters`: a LoRA request may carry its tensors (`memory_request`): the
+  worker's LoRA manager builds the adapter from them (`LoRAModel.from_lora_tensors`, what
+  its file loader ends in) instead of reading a folder, the way RL frameworks (veRL) hand
+  fresh weights to vLLM. Only for an engine in evora's process (no engine-core process, tensor
+  parallel size 1), where the request object itself reaches the model runner.
 
 The base-weight worker extension (`vllm_weights`) uses vLLM's public extension point and is
 checked against the same version.
@@ -12,6 +17,7 @@ checked against the same version.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -77,12 +83,88 @@ def _group_linear_layers(wrapper: Any) -> None:
     wrapper.update_metadata = grouped_update_metadata
     wrapper.add_lora_linear = grouped_add_lora_linear
     wrapper._evora_grouped = True
+    wrapper._evora_vllm_add_lora_linear = add_lora_linear  # bench/throughput.py --previous
+
+
+def install_memory_adapters() -> bool:
+    """Let LoRA requests carry their tensors; False (files only) with another vLLM."""
+    if not written_for_this_vllm("loading adapters from memory"):
+        return False
+    from vllm.lora.peft_helper import PEFTHelper
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    if getattr(WorkerLoRAManager, "_evora_memory", False):
+        return True
+    load_from_folder = WorkerLoRAManager._load_adapter
+
+    def load_adapter(self, lora_request):
+        tensors = getattr(lora_request, "evora_tensors", None)
+        if tensors is None:
+            return load_from_folder(self, lora_request)
+        helper = PEFTHelper.from_dict(
+            {**lora_request.evora_config, "vllm_max_position_embeddings": self.max_position_embeddings}
+        )
+        helper.validate_legal(self.lora_config)
+        mapper = getattr(self._adapter_manager.model, "hf_to_vllm_mapper", None)
+        mapper = mapper.get_rename_mapper() if mapper is not None else None
+        _check_modules(self, tensors, mapper, lora_request.lora_name)
+        lora = self._lora_model_cls.from_lora_tensors(
+            lora_model_id=lora_request.lora_int_id,
+            tensors=dict(tensors),
+            peft_helper=helper,
+            device="cpu",
+            dtype=self.lora_config.lora_dtype,
+            model_vocab_size=self.vocab_size,
+            weights_mapper=mapper,
+        )
+        lora.is_3d_lora_weight = False
+        return lora
+
+    WorkerLoRAManager._load_adapter = load_adapter
+    WorkerLoRAManager._evora_memory = True
+    return True
+
+
+def _check_modules(manager: Any, tensors: Any, mapper: Any, name: str) -> None:
+    """Every tensor targets a module this model's LoRA layers take: an adapter whose modules
+    vLLM skipped would be silently not applied (vLLM's folder loader checks the same)."""
+    from vllm.lora.utils import parse_fine_tuned_lora_name
+
+    packed = manager._adapter_manager.packed_modules_mapping
+    expected = {m for module in manager._adapter_manager.supported_lora_modules for m in packed.get(module, [module])}
+    unexpected = sorted(
+        {
+            module
+            for module in (parse_fine_tuned_lora_name(key, mapper)[0] for key in tensors)
+            if module.rsplit(".", 1)[-1] not in expected
+        }
+    )
+    if unexpected:
+        raise ValueError(f"adapter {name}: expected target modules in {sorted(expected)}, got {unexpected[:4]}")
+
+
+@functools.cache
+def _memory_request_type() -> type:
+    from vllm.lora.request import LoRARequest
+
+    class MemoryLoRARequest(LoRARequest, omit_defaults=True, array_like=True):
+        """A LoRA request with its PEFT tensors and adapter config (`install_memory_adapters`)."""
+
+        evora_tensors: Any = None
+        evora_config: Any = None
+
+    return MemoryLoRARequest
+
+
+def memory_request(name: str, lora_id: int, tensors: Any, config: Any) -> Any:
+    # vLLM wants a path; nothing reads it for a request that carries its tensors.
+    return _memory_request_type()(name, lora_id, f"memory:{name}", evora_tensors=tensors, evora_config=dict(config))
 
 
 def _fits(groups: Any, y: Any, x: Any, lora_a_stacked: tuple, output_slices: tuple) -> bool:
     """The grouped path covers the step: one row per token, a contiguous output the slices fill."""
     return (
-        x.reshape(-1, x.shape[-1]).shape[0] == groups.num_rows
+        x.numel() == groups.num_rows * x.shape[-1]
         and y.is_contiguous()
         and y.shape[-1] == sum(output_slices)
         and len(lora_a_stacked) == len(output_slices)

@@ -39,6 +39,13 @@ def adapter_config(layout: AdapterLayout) -> dict:
     }
 
 
+def check_tensors(tensors: dict[str, torch.Tensor], layout: AdapterLayout) -> None:
+    """The tensors are exactly the layout's (PEFT names)."""
+    shapes = layout.shapes()
+    if set(tensors) != set(shapes):
+        raise ValueError(f"adapter tensors do not match the layout: {sorted(set(tensors) ^ set(shapes))[:4]}")
+
+
 def save_adapter(
     directory: str | os.PathLike,
     tensors: dict[str, torch.Tensor],
@@ -46,11 +53,9 @@ def save_adapter(
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write `tensors` (PEFT names) as an adapter folder; `dtype` casts (the engine's dtype)."""
+    check_tensors(tensors, layout)
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    shapes = layout.shapes()
-    if set(tensors) != set(shapes):
-        raise ValueError(f"adapter tensors do not match the layout: {sorted(set(tensors) ^ set(shapes))[:4]}")
     out = {name: (t.to(dtype) if dtype is not None else t).contiguous() for name, t in tensors.items()}
     save_file(out, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     (folder / CONFIG_FILE).write_text(json.dumps(adapter_config(layout), indent=2))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from evora.config.schema import TaskConfig
-from evora.engines import EngineSpec, create_engine
+from evora.engines import AdapterRef, EngineSpec, create_engine
 from evora.engines.adapter_store import AdapterScratch, sweep_run_scratch
 from evora.lora.init import random_adapter
 from evora.lora.layout import build_layout
@@ -179,6 +179,41 @@ def test_scratch_ids_are_fresh_and_folders_are_removed(layout):
     assert not os.path.exists(refs[0].path)
     assert sweep_run_scratch("/dev/shm", tag) == 1
     assert not store.dir.exists()
+
+
+def test_held_adapters_carry_cast_tensors_and_their_config_under_fresh_ids(layout):
+    from evora.lora.peft_io import adapter_config
+
+    store = AdapterScratch("/dev/shm", f"pytest-hold-{os.getpid()}")
+    tensors = random_adapter(layout, seed=0, a_std=None, b_std=0.1)
+    written = store.write("w", tensors, layout, torch.float32)
+    held = store.hold("h", tensors, layout, torch.bfloat16)
+    assert (written.lora_id, held.lora_id) == (1, 2) and held.name == "h#2" and held.path == ""
+    assert set(held.tensors) == set(tensors) and held.config == adapter_config(layout)
+    assert all(
+        t.dtype == torch.bfloat16 and torch.equal(t, tensors[k].to(torch.bfloat16)) for k, t in held.tensors.items()
+    )
+    assert held == AdapterRef(2, "h#2", "")  # refs compare (and hash) by id, name and path only
+    with pytest.raises(ValueError, match="do not match the layout"):
+        store.hold("bad", dict(list(tensors.items())[1:]), layout, torch.float32)
+    store.remove([written, held])
+    store.cleanup()
+
+
+def test_adapters_held_in_memory_serve_what_their_files_serve(vllm_engine, scratch, layout, prompts):
+    """No file round trip: vLLM builds each adapter from the tensors its request carries
+    (engines/vllm_patches.py), and serves exactly what it serves from the same adapter's folder."""
+    assert vllm_engine.loads_from_memory
+    tensors = [random_adapter(layout, seed=40 + k, a_std=None, b_std=1.0) for k in range(3)]
+    files = [scratch.write(f"f{k}", t, layout, torch.float32) for k, t in enumerate(tensors)]
+    held = [scratch.hold(f"m{k}", t, layout, torch.float32) for k, t in enumerate(tensors)]
+    n = len(prompts)
+    by_file = vllm_engine.generate(prompts * 4, [r for r in [*files, None] for _ in range(n)], 12)
+    by_memory = vllm_engine.generate(prompts * 4, [r for r in [*held, None] for _ in range(n)], 12)
+    assert [c.token_ids for c in by_memory] == [c.token_ids for c in by_file]
+    assert len({tuple(c.token_ids for c in by_memory[k * n : (k + 1) * n]) for k in range(4)}) == 4
+    vllm_engine.release(files + held)
+    scratch.remove(files + held)
 
 
 def test_tiny_model_base_accuracy_is_clearly_between_0_and_1(vllm_engine, tokenizer):

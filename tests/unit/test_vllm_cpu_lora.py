@@ -134,3 +134,23 @@ def test_grouped_weights_pad_to_the_model_and_key_by_the_adapters_in_the_slots()
     assert torch.all(weights.b[:, :RANK, 10:12] == 0) and torch.all(weights.b[:, RANK:, :12] == 0)
     assert weights.key == ((3, 1), (8, 7), torch.float32)
     assert groups.weights_key(torch.bfloat16) != weights.key
+
+
+def test_adapters_from_memory_must_target_modules_the_model_takes():
+    """An in-memory adapter naming a module vLLM has no LoRA layer for fails, as its folder would."""
+    from types import SimpleNamespace
+
+    from evora.engines.vllm_patches import _check_modules
+
+    adapters = SimpleNamespace(
+        packed_modules_mapping={"qkv_proj": ["q_proj", "k_proj", "v_proj"]},
+        supported_lora_modules=["qkv_proj", "o_proj"],
+    )
+    manager = SimpleNamespace(_adapter_manager=adapters)
+    good = {f"base_model.model.model.layers.0.self_attn.{m}.lora_A.weight": None for m in ("q_proj", "o_proj")}
+    _check_modules(manager, good, None, "ok#1")
+    bad = {**good, "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight": None}
+    with pytest.raises(
+        ValueError, match=r"adapter bad#2: expected target modules in .*got \['model.layers.0.mlp.down_proj'\]"
+    ):
+        _check_modules(manager, bad, None, "bad#2")

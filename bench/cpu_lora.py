@@ -1,0 +1,193 @@
+"""The CPU multi-LoRA op against the plain matmuls it performs (docs/architecture.md,
+"Benchmarks"). Every figure is a ratio measured in this one run on this machine.
+
+    python bench/cpu_lora.py [--adapters 16] [--rank 8] [--threads 2]
+
+For each LoRA layer of the bench model of bench/throughput.py (fused qkv, o, fused gate_up,
+down; hidden 512, intermediate 1536, 4 key-value heads of 64) and three batch shapes:
+
+  decode, uniform   every adapter's rows in one run of equal length (a population in step)
+  decode, uneven    rows interleaved across adapters, groups of 1..2x the mean size
+  prefill           long runs of unequal length (whole prompts)
+
+one LoRA product y += (x A^T) B^T per row with its adapter's (A, B), by
+
+  evora         `grouped_lora_linear` (evora/engines/vllm_cpu_lora.py): the rows' grouping
+                (once per step) and the weights' arrangement (once per set of active adapters)
+                are made outside the timed call, as vLLM amortises them over every layer
+  its matmuls   the bmm / baddbmm calls evora's op performs, on inputs already gathered:
+                the target is evora within 1.5x of these
+  per adapter   evora's previous op: one matmul per adapter per slice (rows found per call)
+  vLLM          vLLM's own torch ops: a weight gathered for every row, then an einsum
+  base layer    the layer's own matmul x W^T, for scale (and the LoRA's FLOPs against it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from evora.engines import vllm_cpu_lora as grouped_ops
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LAYERS = {"qkv": (512, (512, 256, 256)), "o": (512, (512,)), "gate_up": (512, (1536, 1536)), "down": (1536, (512,))}
+
+
+def batch_indices(shape: str, adapters: int, generator: torch.Generator) -> torch.Tensor:
+    """Each row's adapter slot for a batch shape (slots are a shuffled subset of 2 x adapters)."""
+    slots = torch.randperm(2 * adapters, generator=generator)[:adapters]
+    if shape == "decode, uniform":
+        return slots.repeat_interleave(16)
+    if shape == "decode, uneven":
+        sizes = torch.randint(1, 32, (adapters,), generator=generator)
+        rows = slots.repeat_interleave(sizes)
+        return rows[torch.randperm(rows.numel(), generator=generator)]
+    sizes = torch.randint(64, 192, (adapters,), generator=generator)  # prefill: whole prompts
+    return slots.repeat_interleave(sizes)
+
+
+def median_us(fn, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(times)
+
+
+def matmuls_only(x, groups, weights, y):
+    """The products evora's op performs, with the gather and the scatter taken out."""
+    count, length = len(groups.slots), groups.length
+    inputs = x if groups.gather is None else x.index_select(0, groups.gather)
+    inputs = inputs.view(count, length, -1)
+    out = y.view(count, length, -1) if groups.gather is None else torch.empty(count, length, y.shape[1])
+
+    def run():
+        shrunk = torch.bmm(inputs, weights.a)
+        if groups.gather is None:
+            out.baddbmm_(shrunk, weights.b)
+        else:
+            torch.bmm(shrunk, weights.b, out=out)
+
+    return run
+
+
+def per_row_ops(ops, x, indices, lora_a, lora_b, slices, y):
+    """vLLM's add_lora_linear over per-row ops: shrink each slice into a buffer, expand it into y."""
+
+    def run():
+        rank = lora_a[0].shape[2]
+        buffers = [torch.zeros(x.shape[0], rank) for _ in slices]
+        for a, buffer in zip(lora_a, buffers):
+            ops.bgmv_shrink(x, a, buffer, indices, 1.0)
+        offset = 0
+        for b, buffer, size in zip(lora_b, buffers, slices):
+            ops.bgmv_expand_slice(buffer, b, y, indices, offset, size, True)
+            offset += size
+
+    return run
+
+
+def measure(layer: str, shape: str, args: argparse.Namespace) -> dict:
+    from vllm.lora.ops import torch_ops as vllm_ops
+
+    generator = torch.Generator().manual_seed(0)
+    width, slices = LAYERS[layer]
+    slots = 2 * args.adapters
+    lora_a = tuple(torch.randn(slots, 1, args.rank, width, generator=generator) for _ in slices)
+    lora_b = tuple(torch.randn(slots, 1, size, args.rank, generator=generator) for size in slices)
+    indices = batch_indices(shape, args.adapters, generator)
+    x = torch.randn(indices.numel(), width, generator=generator)
+    y = torch.zeros(indices.numel(), sum(slices))
+    base = torch.randn(sum(slices), width, generator=generator)
+    groups = grouped_ops.step_groups(indices, list(range(100, 100 + slots)))
+    weights = grouped_ops.grouped_weights(lora_a, lora_b, groups, slices, torch.float32)
+    times = {
+        "evora": median_us(lambda: grouped_ops.grouped_lora_linear(y, x, groups, weights, 1.0), args.repeats),
+        "its_matmuls": median_us(matmuls_only(x, groups, weights, y), args.repeats),
+        "per_adapter": median_us(per_row_ops(grouped_ops, x, indices, lora_a, lora_b, slices, y), args.repeats),
+        "vllm": median_us(per_row_ops(vllm_ops, x, indices, lora_a, lora_b, slices, y), args.repeats),
+        "base_layer": median_us(lambda: x @ base.T, args.repeats),
+        "grouping_per_step": median_us(lambda: grouped_ops.step_groups(indices, list(range(slots))), args.repeats),
+    }
+    flops_lora = 2 * indices.numel() * args.rank * (len(slices) * width + sum(slices))
+    return {
+        "layer": layer,
+        "shape": shape,
+        "rows": indices.numel(),
+        "microseconds": times,
+        "evora_vs_its_matmuls": times["evora"] / times["its_matmuls"],
+        "lora_share_of_flops": flops_lora / (2 * indices.numel() * width * sum(slices)),
+        "lora_time_vs_base_layer": times["evora"] / times["base_layer"],
+    }
+
+
+def print_table(rows: list[dict], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"one LoRA product per layer call: {args.adapters} adapters, rank {args.rank}, "
+        f"{args.threads} threads (microseconds)"
+    )
+    columns = (
+        "layer",
+        "batch",
+        "rows",
+        "evora",
+        "its matmuls",
+        "evora / matmuls",
+        "per adapter",
+        "vLLM",
+        "base layer",
+        "LoRA FLOPs / base",
+        "LoRA time / base",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("layer", "batch") else "right")
+    for r in rows:
+        t = r["microseconds"]
+        table.add_row(
+            r["layer"],
+            r["shape"],
+            str(r["rows"]),
+            f"{t['evora']:.0f}",
+            f"{t['its_matmuls']:.0f}",
+            f"{r['evora_vs_its_matmuls']:.2f}x",
+            f"{t['per_adapter']:.0f}",
+            f"{t['vllm']:.0f}",
+            f"{t['base_layer']:.0f}",
+            f"{r['lora_share_of_flops']:.1%}",
+            f"{r['lora_time_vs_base_layer']:.1%}",
+        )
+    Console(width=170).print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--adapters", type=int, default=16)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--out", default=str(RESULTS / "cpu_lora.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    shapes = ("decode, uniform", "decode, uneven", "prefill")
+    rows = [measure(layer, shape, args) for shape in shapes for layer in LAYERS]
+    print_table(rows, args)
+    worst = max(r["evora_vs_its_matmuls"] for r in rows)
+    report = {"setup": vars(args), "rows": rows, "worst_evora_vs_its_matmuls": worst, "target": "<= 1.5"}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"evora's op at most {worst:.2f}x the matmuls it performs (target <= 1.5); wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
