@@ -36,14 +36,26 @@ REPLACED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "s
 # --- the grouped path (linear layers) ----------------------------------------------------
 
 
+# Runs or groups of at least this many rows on average are multiplied one by one (prefill:
+# long, unequal groups, where padding them to one length would waste more than the calls
+# cost); shorter ones as one padded, batched pair of matmuls for all groups (decode).
+LOOP_ROWS = 64
+
+
 @dataclass(frozen=True)
 class StepGroups:
-    """A step's token rows grouped by adapter slot: G groups padded to `length` rows each.
+    """A step's token rows grouped by adapter slot, in one of four shapes:
 
-    `gather` lists, group-major, the row of x behind each of the G x length cells; a padding
-    cell repeats a real row, its product multiplied by 0 (`keep`) so that it adds nothing back.
-    When the rows already come as G equal runs, one slot each (a uniform population in
-    decode), `gather` is None and x is viewed as it is.
+    - `length` > 0, `gather` None: the rows come as G equal runs, one slot each (a uniform
+      population in decode); x is viewed as [G, length, in] as it is;
+    - `length` > 0: the rows are gathered into G groups padded to `length` cells each
+      (`gather`: the row behind each cell, group-major; a padding cell repeats a real row and
+      `keep` zeroes its product) and multiplied batched; the products go back by `inverse`
+      (each row's cell) when every row has an adapter, else are added at their rows;
+    - `length` 0, `gather` None: long runs of one slot each (prefill: a prompt's tokens),
+      multiplied run by run in place (`runs`: start, end and group of each);
+    - `length` 0: the rows gathered by slot without padding (`gather`), multiplied group by
+      group (`runs` over the gathered rows) and added back at their rows.
     """
 
     num_rows: int
@@ -51,7 +63,9 @@ class StepGroups:
     lora_ids: tuple[int | None, ...]  # the LoRA id in each of those slots: keys GroupedWeights
     length: int
     gather: torch.Tensor | None = None
-    keep: torch.Tensor | None = None  # [G, length, 1] fp32: 1 a real cell, 0 padding; None: no padding
+    keep: torch.Tensor | None = None  # [G, length, 1] fp32: 1 a real cell, 0 padding
+    inverse: torch.Tensor | None = None
+    runs: tuple[tuple[int, int, int], ...] = ()
 
     def weights_key(self, dtype: torch.dtype) -> tuple:
         """What a layer's `GroupedWeights` for this step depend on."""
@@ -61,29 +75,45 @@ class StepGroups:
 def step_groups(indices: torch.Tensor, slot_ids: list[int | None]) -> StepGroups | None:
     """Group the rows of a step by their adapter slot (`indices`, -1: none); None when no row has one."""
     indices = indices.to("cpu", torch.long)
-    runs, counts = torch.unique_consecutive(indices, return_counts=True)
-    run_slots = runs.tolist()
-    if min(run_slots, default=-1) >= 0 and len(set(run_slots)) == len(run_slots) and bool((counts == counts[0]).all()):
-        return StepGroups(indices.numel(), tuple(run_slots), tuple(slot_ids[s] for s in run_slots), int(counts[0]))
+    values, counts = torch.unique_consecutive(indices, return_counts=True)
+    run_slots, run_counts = values.tolist(), counts.tolist()
+    if min(run_slots, default=-1) >= 0 and len(set(run_slots)) == len(run_slots) and len(set(run_counts)) == 1:
+        return StepGroups(indices.numel(), tuple(run_slots), tuple(slot_ids[s] for s in run_slots), run_counts[0])
+    slots = sorted({s for s in run_slots if s >= 0})
+    if not slots:
+        return None
+    named = (indices.numel(), tuple(slots), tuple(slot_ids[s] for s in slots))
+    with_adapter = [(n, s) for n, s in zip(run_counts, run_slots) if s >= 0]
+    if sum(n for n, _ in with_adapter) >= LOOP_ROWS * len(with_adapter):  # long runs: in place
+        ends = torch.cumsum(counts, 0).tolist()
+        runs = tuple((end - n, end, slots.index(s)) for n, s, end in zip(run_counts, run_slots, ends) if s >= 0)
+        return StepGroups(*named, 0, runs=runs)
+    return _gathered(indices, named)
+
+
+def _gathered(indices: torch.Tensor, named: tuple) -> StepGroups:
+    """Rows gathered by slot: padded to one length, or (long groups) as they are."""
     order = torch.argsort(indices, stable=True)
     order = order[indices[order] >= 0]
-    if order.numel() == 0:
-        return None
-    slots, counts = torch.unique_consecutive(indices[order], return_counts=True)
+    counts = torch.unique_consecutive(indices[order], return_counts=True)[1]
+    everyone = order.numel() == indices.numel()  # every row has an adapter
+    if order.numel() >= LOOP_ROWS * counts.numel():  # (index_add_ beats a gather back at these sizes)
+        ends = torch.cumsum(counts, 0).tolist()
+        return StepGroups(
+            *named, 0, order, runs=tuple((end - n, end, g) for g, (n, end) in enumerate(zip(counts.tolist(), ends)))
+        )
     length = int(counts.max())
     offsets = torch.arange(length)
     real = offsets[None, :] < counts[:, None]  # [G, length]
     cells = (torch.cumsum(counts, 0) - counts)[:, None] + offsets[None, :]
     gather = order[cells.clamp(max=order.numel() - 1)].flatten()
-    slot_list = slots.tolist()
-    return StepGroups(
-        indices.numel(),
-        tuple(slot_list),
-        tuple(slot_ids[s] for s in slot_list),
-        length,
-        gather,
-        None if bool(real.all()) else real.to(torch.float32).unsqueeze(-1),
-    )
+    inverse = None
+    if everyone:
+        inverse = torch.empty_like(order).index_copy_(
+            0, gather[real.flatten()], torch.arange(real.numel())[real.flatten()]
+        )
+    keep = None if bool(real.all()) or everyone else real.to(torch.float32).unsqueeze(-1)
+    return StepGroups(*named, length, gather, keep, inverse)
 
 
 @dataclass(frozen=True)
@@ -120,24 +150,47 @@ def grouped_lora_linear(
     y: torch.Tensor, x: torch.Tensor, groups: StepGroups, weights: GroupedWeights, scale: float
 ) -> None:
     """y[row] += (x[row] @ A_slot^T * scale) @ B_slot^T for every row in a group, in place."""
-    count, length = len(groups.slots), groups.length
     inputs = x.reshape(-1, x.shape[-1])
     if inputs.dtype != torch.float32:  # vLLM's shrink buffer is fp32
         inputs = inputs.float()
     if groups.gather is not None:
         inputs = inputs.index_select(0, groups.gather)
+    out = y.view(-1, y.shape[-1])
+    if not groups.length:
+        _run_by_run(out, inputs, groups, weights, scale)
+        return
+    count, length = len(groups.slots), groups.length
     shrunk = torch.bmm(inputs.view(count, length, -1), weights.a)
     if scale != 1.0:
         shrunk.mul_(scale)
     if groups.keep is not None:
         shrunk.mul_(groups.keep)  # padding cells add nothing back
-    out = y.view(-1, y.shape[-1])
-    if shrunk.dtype != y.dtype:
-        shrunk = shrunk.to(y.dtype)
+    shrunk = shrunk.to(y.dtype)
     if groups.gather is None:
         out.view(count, length, -1).baddbmm_(shrunk, weights.b)
+        return
+    products = torch.bmm(shrunk, weights.b).view(count * length, -1)
+    if groups.inverse is not None:
+        out.add_(products.index_select(0, groups.inverse))
     else:
-        out.index_add_(0, groups.gather, torch.bmm(shrunk, weights.b).view(count * length, -1))
+        out.index_add_(0, groups.gather, products)
+
+
+def _run_by_run(out: torch.Tensor, inputs: torch.Tensor, groups: StepGroups, weights: GroupedWeights, scale: float):
+    """Long runs into y's rows in place; or gathered groups into a buffer added back at their rows."""
+
+    def shrunk(start: int, end: int, group: int) -> torch.Tensor:
+        product = inputs[start:end] @ weights.a[group]
+        return (product if scale == 1.0 else product * scale).to(out.dtype)
+
+    if groups.gather is None:
+        for start, end, group in groups.runs:
+            out[start:end].addmm_(shrunk(start, end, group), weights.b[group])
+        return
+    products = torch.empty((inputs.shape[0], out.shape[1]), dtype=out.dtype)
+    for start, end, group in groups.runs:
+        torch.mm(shrunk(start, end, group), weights.b[group], out=products[start:end])
+    out.index_add_(0, groups.gather, products)
 
 
 # --- the per-row ops (logits, embeddings, fallback) -------------------------------------

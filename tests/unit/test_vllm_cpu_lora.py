@@ -116,6 +116,35 @@ def test_grouped_lora_linear_equals_the_row_by_row_products(indices, viewed):
     assert torch.allclose(y.double() - 1, dense_reference(x, idx, lora_a, lora_b, 0.5), atol=1e-5)
 
 
+def long_rows(shape: str) -> list[int]:
+    """Prefill-like: slots 4 and 1 with 70 and 90 rows (and 20 base rows), as runs or interleaved."""
+    rows = [4] * 70 + [-1] * 20 + [1] * 90
+    if shape == "runs":  # a prompt's tokens are one run; a slot may come back in a later run
+        return rows + [4] * 80
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(3)).tolist()
+    return [rows[i] for i in order if shape == "interleaved with base rows" or rows[i] >= 0]
+
+
+@pytest.mark.parametrize("shape", ["runs", "interleaved", "interleaved with base rows"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_groups_are_multiplied_one_by_one_without_padding(shape, dtype):
+    from evora.engines.vllm_cpu_lora import LOOP_ROWS, grouped_lora_linear, grouped_weights, step_groups
+
+    lora_a, lora_b = stacked_weights(4)
+    idx = torch.tensor(long_rows(shape))
+    groups = step_groups(idx, list(range(MAX_LORAS)))
+    assert groups.length == 0 and groups.slots == (1, 4) and min(e - s for s, e, _ in groups.runs) >= LOOP_ROWS
+    assert (groups.gather is None) == (shape == "runs")  # runs are multiplied in place, no gather
+    assert groups.runs == ((0, 70, 1), (90, 180, 0), (180, 260, 1)) if shape == "runs" else len(groups.runs) == 2
+    x = torch.randn(len(idx), IN, generator=torch.Generator().manual_seed(5))
+    y = torch.ones(len(idx), sum(SLICES), dtype=dtype)
+    weights = grouped_weights(lora_a, lora_b, groups, SLICES, dtype)
+    grouped_lora_linear(y, x.to(dtype), groups, weights, 1.0)
+    expected = dense_reference(x.to(dtype).float(), idx, lora_a, lora_b, 1.0)
+    tolerance = 1e-4 if dtype == torch.float32 else 0.1
+    assert torch.allclose(y.double() - 1, expected, atol=tolerance, rtol=0.02)
+
+
 def test_no_adapter_rows_make_no_groups():
     from evora.engines.vllm_cpu_lora import step_groups
 
