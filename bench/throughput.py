@@ -162,6 +162,19 @@ def timed(fn, repeats: int) -> tuple[float, Any]:
     return statistics.median(times), result
 
 
+def interleaved(paths: dict, repeats: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """Median seconds of each path, the paths taking turns (a slow spell of a shared machine
+    falls on all of them alike), and each path's last result."""
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    results: dict[str, Any] = {}
+    for _ in range(repeats):
+        for name, fn in paths.items():
+            start = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}, results
+
+
 def start_worker(model: str, args: argparse.Namespace, workload: Workload) -> Any:
     from evora.config.compose import compose_run
     from evora.distributed.worker import EngineWorker, engine_rank, worker_spec
@@ -189,7 +202,8 @@ def previous_implementation(engine: Any) -> None:
     import vllm.lora.punica_wrapper.punica_cpu as punica_cpu
 
     wrapper = punica_cpu.PunicaWrapperCPU
-    wrapper.add_lora_linear = getattr(wrapper, "_evora_vllm_add_lora_linear", wrapper.add_lora_linear)
+    for name, method in getattr(wrapper, "_evora_vllm_methods", {}).items():
+        setattr(wrapper, name, method)
     engine.loads_from_memory = False
 
 
@@ -210,28 +224,29 @@ def measure_paths(model: str, args: argparse.Namespace, workload: Workload) -> d
         chunks = search_units(specs, units, workload.max_loras, workers=1)
         return [worker.evaluate(payload, WorkUnit(tuple(c), "train", prompts)) for c in chunks]
 
-    fixed_seconds, fixed = timed(lambda: evora("fixed"), args.repeats)
-    # The previous implementation had no whole units: its row repeats the fixed figure.
-    whole_seconds, whole = timed(lambda: evora("whole"), args.repeats) if not args.previous else (fixed_seconds, fixed)
-    tokens = int(sum(r.tokens.sum() for r in fixed))
-    assert tokens == int(sum(r.tokens.sum() for r in whole))
     specs, payload = worker.strategy.ask(state, 0)
     texts = [worker.prompt_ids("train", i) for i in prompts]
     limits = [workload.length_of(s.label, t) for s in specs for t in texts]
-    assert sum(limits) == tokens  # every path generates these sequences
-    base_seconds, out = timed(
-        lambda: worker.engine.engine.generate(texts * len(specs), [None] * len(limits), limits), args.repeats
-    )
-    assert sum(c.num_tokens for c in out) == tokens
+    paths = {
+        "evora": lambda: evora("fixed"),
+        "evora_whole": lambda: evora("whole"),
+        "base_only": lambda: worker.engine.engine.generate(texts * len(specs), [None] * len(limits), limits),
+    }
+    if args.previous:  # the previous implementation had no whole units
+        del paths["evora_whole"]
+    seconds, results = interleaved(paths, args.repeats)
+    seconds.setdefault("evora_whole", seconds["evora"])
+    tokens = int(sum(r.tokens.sum() for r in results["evora"]))
+    assert tokens == sum(limits) == sum(c.num_tokens for c in results["base_only"])  # the same sequences
+    assert "evora_whole" not in results or tokens == int(sum(r.tokens.sum() for r in results["evora_whole"]))
+    fixed = results["evora"]
     seeds_seconds = seeds_way(worker, specs, payload, texts, limits, model, args)
     worker.shutdown()
     timings = {k: sum(r.timings[k] for r in fixed) for k in fixed[0].timings}
     return {
         "tokens_per_population": tokens,
         "mean_length": tokens / len(limits),
-        "evora_seconds": fixed_seconds,
-        "evora_whole_seconds": whole_seconds,
-        "base_only_seconds": base_seconds,
+        **{f"{path}_seconds": value for path, value in seconds.items()},
         "seeds_way_seconds": seeds_seconds,
         "evora_timings": timings,
         "materialise_share_of_evaluate": timings["materialise"] / sum(timings.values()),
