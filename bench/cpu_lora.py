@@ -71,7 +71,7 @@ def matmuls_only(x, groups, weights, y):
 
         def loop():
             for start, end, group in groups.runs:
-                torch.mm(inputs[start:end] @ weights.a[group], weights.b[group], out=products[start:end])
+                torch.mm(inputs[start:end] @ weights.a[group].T, weights.b[group], out=products[start:end])
 
         return loop
     count, length = len(groups.slots), groups.length
@@ -79,7 +79,7 @@ def matmuls_only(x, groups, weights, y):
     out = y.view(count, length, -1) if groups.gather is None else torch.empty(count, length, y.shape[1])
 
     def batched():
-        shrunk = torch.bmm(inputs, weights.a)
+        shrunk = torch.bmm(inputs, weights.a.transpose(1, 2))
         if groups.gather is None:
             out.baddbmm_(shrunk, weights.b)
         else:

@@ -118,8 +118,10 @@ def _gathered(indices: torch.Tensor, named: tuple) -> StepGroups:
 
 @dataclass(frozen=True)
 class GroupedWeights:
-    """One layer's LoRA weights for a step's groups: A of every slice stacked [G, in, S r]
-    (fp32, as vLLM's shrink buffer), B block-diagonal [G, S r, sum of slices] (output dtype)."""
+    """One layer's LoRA weights for a step's groups: A of every slice stacked [G, S r, in]
+    (fp32, as vLLM's shrink buffer; used transposed, which MKL multiplies up to 2x faster
+    than an [in, r] layout when S r is small), B block-diagonal [G, S r, sum of slices]
+    (output dtype)."""
 
     key: tuple
     a: torch.Tensor
@@ -135,7 +137,7 @@ def grouped_weights(
 ) -> GroupedWeights:
     """Arrange vLLM's stacked weights ([max_loras, 1, rank, in], [max_loras, 1, out, rank]) for the groups."""
     index = torch.tensor(groups.slots, dtype=torch.long)
-    a = torch.cat([stacked[index, 0] for stacked in lora_a], dim=1).transpose(1, 2).to(torch.float32).contiguous()
+    a = torch.cat([stacked[index, 0] for stacked in lora_a], dim=1).to(torch.float32).contiguous()
     rank = lora_a[0].shape[2]
     b = torch.zeros((len(groups.slots), rank * len(lora_b), sum(output_slices)), dtype=dtype)
     offset = 0
@@ -160,7 +162,7 @@ def grouped_lora_linear(
         _run_by_run(out, inputs, groups, weights, scale)
         return
     count, length = len(groups.slots), groups.length
-    shrunk = torch.bmm(inputs.view(count, length, -1), weights.a)
+    shrunk = torch.bmm(inputs.view(count, length, -1), weights.a.transpose(1, 2))
     if scale != 1.0:
         shrunk.mul_(scale)
     if groups.keep is not None:
@@ -180,7 +182,7 @@ def _run_by_run(out: torch.Tensor, inputs: torch.Tensor, groups: StepGroups, wei
     """Long runs into y's rows in place; or gathered groups into a buffer added back at their rows."""
 
     def shrunk(start: int, end: int, group: int) -> torch.Tensor:
-        product = inputs[start:end] @ weights.a[group]
+        product = inputs[start:end] @ weights.a[group].T
         return (product if scale == 1.0 else product * scale).to(out.dtype)
 
     if groups.gather is None:

@@ -159,7 +159,7 @@ def test_grouped_weights_pad_to_the_model_and_key_by_the_adapters_in_the_slots()
     short = (lora_b[0][:, :, :10], lora_b[1], lora_b[2])
     groups = step_groups(torch.tensor([3, 3, 1, 1]), [None, 7, None, 8, None])
     weights = grouped_weights(lora_a, short, groups, SLICES, torch.float32)
-    assert weights.a.shape == (2, IN, 3 * RANK) and weights.b.shape == (2, 3 * RANK, sum(SLICES))
+    assert weights.a.shape == (2, 3 * RANK, IN) and weights.b.shape == (2, 3 * RANK, sum(SLICES))
     assert torch.all(weights.b[:, :RANK, 10:12] == 0) and torch.all(weights.b[:, RANK:, :12] == 0)
     assert weights.key == ((3, 1), (8, 7), torch.float32)
     assert groups.weights_key(torch.bfloat16) != weights.key
