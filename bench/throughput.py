@@ -202,8 +202,7 @@ def previous_implementation(engine: Any) -> None:
     import vllm.lora.punica_wrapper.punica_cpu as punica_cpu
 
     wrapper = punica_cpu.PunicaWrapperCPU
-    for name, method in getattr(wrapper, "_evora_vllm_methods", {}).items():
-        setattr(wrapper, name, method)
+    wrapper.add_lora_linear = getattr(wrapper, "_evora_vllm_add_lora_linear", wrapper.add_lora_linear)
     engine.loads_from_memory = False
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,9 +145,11 @@ def worker_spec(
     with_strategy: bool = True,
     max_lora_rank: int | None = None,
 ) -> WorkerSpec:
+    # The engine wraps the modules the layout targets (PBT: the union over its search space).
+    engine = replace(engine_spec(run, model_path, max_lora_rank), lora_target_modules=tuple(layout.target_modules))
     return WorkerSpec(
         run.engine.name,
-        engine_spec(run, model_path, max_lora_rank),
+        engine,
         run.task,
         run.seed,
         layout,

@@ -52,6 +52,9 @@ class EngineSpec:
     device: str = "cpu"  # cpu | cuda
     ignore_eos: bool = False  # always generate max_tokens tokens
     adapters_in_memory: bool = True  # vLLM: candidates as tensors, not files, where the engine can
+    # vLLM wraps only these modules for LoRA (its lora_target_modules); None: every module it can,
+    # embedding and lm_head included, whose LoRA products then run every step for nothing.
+    lora_target_modules: tuple[str, ...] | None = None
     vllm_args: dict[str, Any] = field(default_factory=dict)
 
 

@@ -121,6 +121,7 @@ class VLLMEngine:
             # vLLM's Ray executor puts a shard on each bundle.
             distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "ray",
             worker_extension_cls=EXTENSION,  # base weights by checkpoint name (full-weight strategies)
+            lora_target_modules=None if spec.lora_target_modules is None else list(spec.lora_target_modules),
         )
         args.update(spec.vllm_args)
         self.llm = LLM(**args)

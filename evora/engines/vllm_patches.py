@@ -4,9 +4,7 @@ the engine keeps vLLM's own behaviour (and says so once in the log).
 
 - `install_cpu_lora`: grouped multi-LoRA ops for the CPU backend (`vllm_cpu_lora`): the
   linear layers' `add_lora_linear` runs batched matmuls over the step's adapter groups, and
-  the per-row ops leave rows without an adapter untouched. vLLM wraps the embedding and the
-  logits for LoRA whatever the adapters target; their products are skipped while no loaded
-  adapter has weights there (evora's adapters never do).
+  the per-row ops leave rows without an adapter untouched.
 - `install_memory_adapters`: a LoRA request may carry its tensors (`memory_request`): the
   worker's LoRA manager builds the adapter from them (`LoRAModel.from_lora_tensors`, what
   its file loader ends in) instead of reading a folder, the way RL frameworks (veRL) hand
@@ -67,7 +65,6 @@ def _group_linear_layers(wrapper: Any) -> None:
         update_metadata(self, mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
         # vLLM recomputes its metadata whenever the batch's mapping or the slots' adapters change.
         self._evora_groups = vllm_cpu_lora.step_groups(self.token_lora_indices, list(lora_index_to_id))
-        self._evora_loaded = tuple(lora_index_to_id)
         self._evora_weights = getattr(self, "_evora_weights", {})
 
     def grouped_add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kwargs):
@@ -83,36 +80,10 @@ def _group_linear_layers(wrapper: Any) -> None:
         vllm_cpu_lora.grouped_lora_linear(y, x, groups, cached, scale)
         return None
 
-    # vLLM's own methods, for bench/throughput.py --previous
-    wrapper._evora_vllm_methods = {
-        name: getattr(wrapper, name) for name in ("add_lora_linear", "add_lora_embedding", "add_lora_logits")
-    }
     wrapper.update_metadata = grouped_update_metadata
     wrapper.add_lora_linear = grouped_add_lora_linear
-    wrapper.add_lora_embedding = _unless_empty(wrapper.add_lora_embedding, "lora_b_stacked", 2)
-    wrapper.add_lora_logits = _unless_empty(wrapper.add_lora_logits, "lora_b_stacked", 3)
     wrapper._evora_grouped = True
-
-
-def _unless_empty(method: Any, name: str, position: int) -> Any:
-    """`method`, skipped while the B weights it would apply (argument `name`, or `position`
-    after self) are zero for every loaded adapter: its product would add exactly nothing, and
-    the output `y` (first argument) is returned as it is, as an in-place update returns it."""
-
-    def skipping(self, *args, **kwargs):
-        stacked = kwargs.get(name, args[position] if len(args) > position else None)
-        loaded = getattr(self, "_evora_loaded", None)
-        if stacked is None or loaded is None:
-            return method(self, *args, **kwargs)
-        known = getattr(self, "_evora_empty", {})
-        self._evora_empty = known
-        key = id(stacked)
-        if key not in known or known[key][0] != loaded:  # one entry per layer: the loaded adapters
-            slots = [slot for slot, lora_id in enumerate(loaded) if lora_id is not None and slot < stacked.shape[0]]
-            known[key] = (loaded, not bool(stacked[slots].any()))
-        return kwargs.get("y", args[0] if args else None) if known[key][1] else method(self, *args, **kwargs)
-
-    return skipping
+    wrapper._evora_vllm_add_lora_linear = add_lora_linear  # bench/throughput.py --previous
 
 
 def install_memory_adapters() -> bool:

@@ -39,8 +39,15 @@ def prompts(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def spec(tiny_path):
-    return EngineSpec(model=tiny_path, dtype="float32", max_lora_rank=8, max_loras=4, max_cpu_loras=16)
+def spec(tiny_path, layout):
+    return EngineSpec(
+        model=tiny_path,
+        dtype="float32",
+        max_lora_rank=8,
+        max_loras=4,
+        max_cpu_loras=16,
+        lora_target_modules=layout.target_modules,  # as workers start their engines
+    )
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +261,19 @@ def test_grouped_cpu_lora_ops_are_installed_and_take_the_linear_layers(
     vllm_engine.release(refs)
     scratch.remove(refs)
     assert calls and max(calls) == 2  # both adapters in one batched product, every step
+
+
+def test_vllm_wraps_only_the_modules_the_layout_targets(vllm_engine):
+    """No LoRA wrapper on the embedding, the logits or untargeted layers: their products would
+    run every step and add nothing."""
+
+    def wrapped(worker) -> list[str]:
+        from vllm.lora.layers import BaseLayerWithLoRA
+
+        model = worker.model_runner.model
+        return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, BaseLayerWithLoRA)})
+
+    assert vllm_engine.llm.collective_rpc(wrapped)[0] == ["down_proj", "qkv_proj"]
 
 
 def test_perplexity_of_vllm_and_hf_agree_within_one_percent(vllm_engine, hf_engine, scratch, layout, tokenizer):

@@ -30,3 +30,14 @@ def test_whole_units_keep_the_whole_population_loadable_on_the_host():
     assert host_lora_slots(compose_run(["strategy.population=30", "engine.max_loras=8"])) == 8
     assert host_lora_slots(compose_run(["strategy.population=30", "engine.max_loras=8", "engine.units=whole"])) == 30
     assert host_lora_slots(compose_run(["strategy.population=4", "engine.max_loras=8", "engine.units=whole"])) == 8
+
+
+def test_workers_start_engines_that_wrap_only_the_layouts_modules(tiny_path, tiny_shapes):
+    from evora.distributed.worker import worker_spec
+    from evora.lora.layout import build_layout
+
+    layout = build_layout(
+        tiny_shapes, rank=4, alpha=8, target_modules=["q_proj", "o_proj"], layers=None, base_model=tiny_path
+    )
+    spec = worker_spec(compose_run([]), tiny_path, layout, "tag")
+    assert spec.engine.lora_target_modules == ("q_proj", "o_proj")

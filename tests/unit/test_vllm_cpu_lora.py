@@ -183,28 +183,3 @@ def test_adapters_from_memory_must_target_modules_the_model_takes():
         ValueError, match=r"adapter bad#2: expected target modules in .*got \['model.layers.0.mlp.down_proj'\]"
     ):
         _check_modules(manager, bad, None, "bad#2")
-
-
-def test_embedding_and_logits_products_are_skipped_while_no_loaded_adapter_has_weights_there():
-    from evora.engines.vllm_patches import _unless_empty
-
-    class Wrapper:  # what the wrapped method sees of vLLM's punica wrapper: the loaded slots
-        def __init__(self):
-            self.calls = 0
-            self._evora_loaded = (7, None, 9)
-
-        def add_lora_logits(self, y, x, lora_a_stacked, lora_b_stacked, scale):
-            self.calls += 1
-
-    skipping = _unless_empty(Wrapper.add_lora_logits, "lora_b_stacked", 3)
-    wrapper, b = Wrapper(), torch.zeros(3, 1, 5, 2)
-    y = torch.ones(2, 5)
-    assert skipping(wrapper, y, None, None, b, 1.0) is y
-    assert wrapper.calls == 0  # every loaded adapter's B is zero here: nothing to add
-    leftovers = torch.zeros(3, 1, 5, 2)
-    leftovers[1] = 1.0  # an empty slot's leftovers do not count
-    skipping(wrapper, None, None, None, leftovers, 1.0)
-    assert wrapper.calls == 0
-    wrapper._evora_loaded = (7, 8, 9)  # a new adapter in slot 1, with weights in this layer
-    skipping(wrapper, None, None, None, lora_b_stacked=leftovers, scale=1.0)
-    assert wrapper.calls == 1
