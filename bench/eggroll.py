@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -55,6 +56,7 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
 
     from evora.engines import EngineSpec, create_engine
     from evora.engines.adapter_store import AdapterScratch
+    from evora.engines.environment import vllm_environment
     from evora.lora.base_weights import read_weights
     from evora.lora.layout import build_layout, linear_shapes_of_model
     from evora.strategies.eggroll import EggrollConfig, EggrollStrategy
@@ -71,21 +73,20 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
         base_model=str(model),
     )
     names = [matrix_name(slot.name) for slot in layout.modules]
-    engine = create_engine(
-        "vllm",
-        EngineSpec(
-            model=str(model),
-            dtype=args.dtype,
-            device=args.device,
-            gpu_memory_utilization=0.5,
-            max_model_len=256,
-            max_lora_rank=max(8, args.rank),
-            max_loras=args.population,
-            max_cpu_loras=args.population,
-            cpu_threads=args.threads,
-            ignore_eos=True,
-        ),
+    spec = EngineSpec(
+        model=str(model),
+        dtype=args.dtype,
+        device=args.device,
+        gpu_memory_utilization=0.5,
+        max_model_len=256,
+        max_lora_rank=max(8, args.rank),
+        max_loras=args.population,
+        max_cpu_loras=args.population,
+        cpu_threads=args.threads,
+        ignore_eos=True,
     )
+    os.environ.update(vllm_environment(spec))  # what Ray gives worker actors
+    engine = create_engine("vllm", spec)
     scratch = AdapterScratch("/dev/shm", "bench-eggroll")
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts = [tokenizer(f"{a}+{b}=").input_ids for a, b in zip(range(10, 99, 3), range(50, 10, -1))][: args.prompts]

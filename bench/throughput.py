@@ -40,6 +40,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -178,6 +179,7 @@ def interleaved(paths: dict, repeats: int) -> tuple[dict[str, float], dict[str, 
 def start_worker(model: str, args: argparse.Namespace, workload: Workload) -> Any:
     from evora.config.compose import compose_run
     from evora.distributed.worker import EngineWorker, engine_rank, worker_spec
+    from evora.engines.environment import engine_environment
     from evora.lora.layout import build_layout, linear_shapes_of_model
 
     run = compose_run(overrides(model, args, workload))
@@ -189,7 +191,9 @@ def start_worker(model: str, args: argparse.Namespace, workload: Workload) -> An
         layers=None,
         base_model=model,
     )
-    worker = EngineWorker(worker_spec(run, model, layout, "bench", max_lora_rank=engine_rank(layout)), 0)
+    spec = worker_spec(run, model, layout, "bench", max_lora_rank=engine_rank(layout))
+    os.environ.update(engine_environment(spec.engine_name, spec.engine))  # what Ray gives worker actors
+    worker = EngineWorker(spec, 0)
     if args.previous:
         previous_implementation(worker.engine)
     worker.engine = PerRequestLengths(worker.engine, workload)

@@ -11,11 +11,23 @@ from pathlib import Path
 
 import pytest
 
+from evora.engines.base import EngineSpec
+from evora.engines.environment import vllm_environment
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "evora" / "models" / "tiny"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+# What worker actors get through Ray's runtime_env: engines the tests start in their own process.
+ENGINE_ENVIRONMENT = vllm_environment(EngineSpec(model=str(TINY)))
+
+
+def pytest_configure(config):
+    """Only in pytest's processes, not in Ray workers that import this module to unpickle a test's
+    class; the CLI runs (run_evora) get none of it from here, as from a user's shell."""
+    os.environ.update(ENGINE_ENVIRONMENT)
 
 
 UNGROUPED = pytest.StashKey[str]()
@@ -62,7 +74,7 @@ def evora_cmd(*args: str) -> list[str]:
 
 def run_evora(args: list[str], cwd: Path, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
     """The real CLI in a subprocess (its own local Ray)."""
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**{k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}, **(env or {})}
     if args[:1] in (["analyze"], ["runs"], ["compare"]):  # not a run: no config overrides
         return subprocess.run(evora_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
     command = args[:1] if args[:1] in (["eval"], ["-m"]) else []  # a subcommand or -m comes first

@@ -19,9 +19,21 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostErro
 from evora.config.schema import HardwareConfig
 from evora.distributed.placement import Placement, place_workers, worker_count
 from evora.distributed.worker import EngineWorker, UnitResult, WorkerSpec, WorkUnit
+from evora.engines.environment import engine_environment
 
 # A lost node also loses the results it held in its object store: those units are rerun too.
 WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError, ObjectLostError)
+
+
+def worker_placement(spec: WorkerSpec, hardware: HardwareConfig, name_prefix: str | None = None) -> Placement:
+    """Where and how the workers start: their resources, and their engine's environment
+    variables through Ray's runtime_env (replacements start from the same options)."""
+    placement = place_workers(hardware, worker_count(hardware), name_prefix)
+    env_vars = engine_environment(spec.engine_name, spec.engine)
+    if env_vars:
+        for options in placement.options:
+            options["runtime_env"] = {"env_vars": env_vars}
+    return placement
 
 
 class WorkerPool:
@@ -47,7 +59,7 @@ class WorkerPool:
     @classmethod
     def start(cls, spec: WorkerSpec, hardware: HardwareConfig, name_prefix: str | None = None) -> "WorkerPool":
         """Named workers (`name_prefix`-i) can be found with `ray list actors`, and by tests."""
-        placement = place_workers(hardware, worker_count(hardware), name_prefix)
+        placement = worker_placement(spec, hardware, name_prefix)
         remote_worker = ray.remote(EngineWorker)
         actors = [remote_worker.options(**options).remote(spec, i) for i, options in enumerate(placement.options)]
         infos = ray.get([a.info.remote() for a in actors])

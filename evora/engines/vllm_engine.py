@@ -17,6 +17,7 @@ nats/token within 3.2e-5 nats (0.4%) per completion and 0.02% on the mean; at ~2
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any, Mapping, Sequence
@@ -25,7 +26,10 @@ import torch
 
 from evora.engines import vllm_patches
 from evora.engines.base import AdapterRef, Completion, EngineSpec, per_request
+from evora.engines.environment import vllm_environment
 from evora.engines.vllm_weights import EXTENSION, check_vllm
+
+log = logging.getLogger(__name__)
 
 # Top-k of the KL estimate: vLLM's default max_logprobs, so no engine argument has to change.
 # (vLLM's prompt_logprob_token_ids would give the base's logprobs of the adapter's very tokens,
@@ -85,17 +89,14 @@ class VLLMEngine:
         self.ignore_eos = spec.ignore_eos
         self.grouped_cpu_lora = False
         self.device = spec.device
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        missing = {k: v for k, v in vllm_environment(spec).items() if os.environ.get(k) != v}
+        if missing:  # (worker actors get it through Ray's runtime_env)
+            log.warning("vLLM engine started without %s in its environment (see vllm_environment)", missing)
         if spec.device == "cpu":
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_gib)
-            # evora sets the thread count itself (hardware.cpu_threads_per_worker): several
-            # engines on one machine must not all bind the same cores.
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
             self.grouped_cpu_lora = vllm_patches.install_cpu_lora()
         # A request object reaches the model runner only in this process (no engine-core
         # process, no tensor-parallel workers): then adapters may travel as tensors.
-        in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and spec.tensor_parallel_size == 1
+        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0" and spec.tensor_parallel_size == 1
         self.loads_from_memory = spec.adapters_in_memory and in_process and vllm_patches.install_memory_adapters()
         from vllm import LLM
 
@@ -123,6 +124,8 @@ class VLLMEngine:
             worker_extension_cls=EXTENSION,  # base weights by checkpoint name (full-weight strategies)
             lora_target_modules=None if spec.lora_target_modules is None else list(spec.lora_target_modules),
         )
+        if spec.device == "cpu":  # for a process without VLLM_CPU_KVCACHE_SPACE
+            args["kv_cache_memory_bytes"] = spec.kv_cache_gib * 2**30
         args.update(spec.vllm_args)
         self.llm = LLM(**args)
 

@@ -91,6 +91,9 @@ class Probe:
             )
         return {"node": ray.get_runtime_context().get_node_id(), "gpus": ray.get_gpu_ids(), "shards": shards}
 
+    def environment(self, names: list[str]) -> dict:
+        return {name: os.environ.get(name) for name in names}
+
 
 def placed(*overrides: str) -> list[dict]:
     hw = compose_run(list(overrides)).hardware
@@ -131,6 +134,29 @@ def test_tensor_parallel_wider_than_any_node_fails_at_once(cluster):
     hw = compose_run(["hardware=gpu", "hardware.num_workers=1", "hardware.tensor_parallel_size=3"]).hardware
     with pytest.raises(ConfigError, match=r"hardware.tensor_parallel_size=3: no node of the Ray cluster has"):
         place_workers(hw, 1)
+
+
+def test_engine_workers_get_their_engines_environment_through_ray(cluster, tiny_path, tiny_shapes):
+    """The nodes were started from this process, whose environment holds a 1 GiB KV cache: the
+    run's 3 GiB reaches every worker through Ray's runtime_env, with vLLM's other settings."""
+    from evora.distributed.pool import worker_placement
+    from evora.distributed.worker import worker_spec
+    from evora.engines.environment import engine_environment
+    from evora.lora.layout import build_layout
+
+    run = compose_run(["hardware.kv_cache_gib=3", "hardware.num_workers=3", "hardware.cpus_per_worker=0.5"])
+    layout = build_layout(tiny_shapes, rank=4, alpha=8, target_modules=["q_proj"], layers=None, base_model=tiny_path)
+    spec = worker_spec(run, tiny_path, layout, "environment")
+    expected = engine_environment("vllm", spec.engine)
+    assert expected["VLLM_CPU_KVCACHE_SPACE"] == "3" != os.environ["VLLM_CPU_KVCACHE_SPACE"]
+    placement = worker_placement(spec, run.hardware)
+    actors = [ray.remote(Probe).options(**options).remote() for options in placement.options]
+    try:
+        assert ray.get([a.environment.remote(sorted(expected)) for a in actors], timeout=120) == [expected] * 3
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+        placement.release()
 
 
 # --- fault tolerance ------------------------------------------------------------------------

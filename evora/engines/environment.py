@@ -1,0 +1,41 @@
+"""The environment variables an engine's process needs, by engine name: worker actors get them
+through Ray's `runtime_env`, so that library code never writes a process's `os.environ`."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Mapping
+
+from evora.engines.base import EngineSpec
+
+
+def vllm_environment(spec: EngineSpec, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment the process of an evora engine gives vLLM (what vLLM reads from the
+    environment only, or reads there first). Worker actors get it through Ray's `runtime_env`;
+    a process that starts engines itself (the bench, the tests) sets it before the first.
+
+    - one process per engine (no engine-core process): a request object then reaches the
+      model runner, so adapters may travel as tensors; a user's own setting is kept;
+    - vLLM's log at warnings unless the user asks for more;
+    - CPU: no thread binding, since evora sets each worker's thread count
+      (hardware.cpu_threads_per_worker) and several engines on one machine must not all
+      bind the same cores; the KV cache of hardware.kv_cache_gib (vLLM lets this variable
+      override its engine argument, and evora's CPU image sets a default).
+    """
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
+        "VLLM_LOGGING_LEVEL": environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+    }
+    if spec.device == "cpu":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_gib)
+    return env
+
+
+ENVIRONMENTS: dict[str, Callable[[EngineSpec], dict[str, str]]] = {"vllm": vllm_environment}
+
+
+def engine_environment(name: str, spec: EngineSpec) -> dict[str, str]:
+    """What the process hosting engine `name` must have in its environment (none for most engines)."""
+    environment = ENVIRONMENTS.get(name)
+    return {} if environment is None else environment(spec)
