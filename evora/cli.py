@@ -309,9 +309,21 @@ def runs_main(argv: list[str]) -> None:
 SUBCOMMANDS = {"analyze": analyze_main, "compare": compare_main, "runs": runs_main}
 
 
+# Ray Tune (PBT) reads these in the process that runs it, the CLI's: no console tables or
+# snapshot warnings of its own, and no result files of its own (evora prints one line per
+# result and writes trials.jsonl). A user's own settings are kept.
+TUNE_ENVIRONMENT = {
+    "RAY_AIR_NEW_OUTPUT": "0",
+    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup()
+    for name, value in TUNE_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
     if argv[:1] in (["--help"], ["-h"], ["help"]):
         from evora.help import help_text
 

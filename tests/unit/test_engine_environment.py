@@ -50,16 +50,17 @@ def environment_writes(path: Path) -> list[int]:
     return lines
 
 
-# Driver-side settings left to move to the CLI entry point: Ray reads its cluster switch in the
-# processes `ray.init` starts, and Tune reads its output settings in the process that runs it.
-NOT_YET_MOVED = {"distributed/ray_session.py", "strategies/pbt/runner.py"}
+# Entry points set their own process's environment. Left: the switch that keeps a private local
+# Ray on loopback, which Ray reads in the processes `ray.init` starts for that cluster only.
+ENTRY_POINTS = {"cli.py"}
+NOT_YET_MOVED = {"distributed/ray_session.py"}
 
 
 def test_library_code_does_not_write_its_process_environment():
     writes = {
         str(path.relative_to(EVORA)): environment_writes(path)
         for path in sorted(EVORA.rglob("*.py"))
-        if str(path.relative_to(EVORA)) not in NOT_YET_MOVED
+        if str(path.relative_to(EVORA)) not in NOT_YET_MOVED | ENTRY_POINTS
     }
     assert {name: lines for name, lines in writes.items() if lines} == {}
     assert all(environment_writes(EVORA / name) for name in NOT_YET_MOVED)  # still there: keep the list true

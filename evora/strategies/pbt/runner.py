@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import statistics
 import tempfile
@@ -411,10 +410,8 @@ def check_trial_resources(run: RunConfig) -> None:
 
 
 def quiet_tune() -> None:
-    """Tune's own tables and warnings off the console; evora prints one line per result."""
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # evora writes trials.jsonl itself
+    """Tune's own log off the console; evora prints one line per result (its output settings
+    are environment variables, which the CLI sets for its process: cli.TUNE_ENVIRONMENT)."""
     for name in ("ray.tune", "ray.train", "ray.air"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
