@@ -57,10 +57,10 @@ def loopback_only() -> None:
 
     ray.init resolves "127.0.0.1" to the routable address (so `_node_ip_address` cannot
     do it); with Ray's single-machine mode (the switch it uses on macOS and Windows) it
-    picks loopback, and its gRPC servers then listen on loopback only. The variable
-    reaches Ray's own processes; the constant covers this one, where Ray is imported.
+    picks loopback, and its gRPC servers then listen on loopback only. Only this process
+    picks the address (ray.init reads the switch here); Ray's own processes and workers are
+    given it, so no environment variable has to reach them.
     """
     from ray._private import ray_constants
 
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False

@@ -50,17 +50,13 @@ def environment_writes(path: Path) -> list[int]:
     return lines
 
 
-# Entry points set their own process's environment. Left: the switch that keeps a private local
-# Ray on loopback, which Ray reads in the processes `ray.init` starts for that cluster only.
-ENTRY_POINTS = {"cli.py"}
-NOT_YET_MOVED = {"distributed/ray_session.py"}
+ENTRY_POINTS = {"cli.py"}  # an entry point sets its own process's environment
 
 
 def test_library_code_does_not_write_its_process_environment():
     writes = {
         str(path.relative_to(EVORA)): environment_writes(path)
         for path in sorted(EVORA.rglob("*.py"))
-        if str(path.relative_to(EVORA)) not in NOT_YET_MOVED | ENTRY_POINTS
+        if str(path.relative_to(EVORA)) not in ENTRY_POINTS
     }
     assert {name: lines for name, lines in writes.items() if lines} == {}
-    assert all(environment_writes(EVORA / name) for name in NOT_YET_MOVED)  # still there: keep the list true
