@@ -58,14 +58,15 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
     from evora.engines.adapter_store import AdapterScratch
     from evora.engines.environment import vllm_environment
     from evora.lora.base_weights import read_weights
-    from evora.lora.layout import build_layout, linear_shapes_of_model
+    from evora.lora.layout import build_layout
+    from evora.lora.modules import adaptable_modules
     from evora.strategies.eggroll import EggrollConfig, EggrollStrategy
     from evora.strategies.full_weights import matrix_name
     from evora.strategies.protocol import StrategyContext, fitness_results
 
     torch.set_num_threads(args.threads)
     layout = build_layout(
-        linear_shapes_of_model(str(model)),
+        adaptable_modules(str(model)),
         rank=args.rank,
         alpha=args.rank,
         target_modules=TARGETS,

@@ -180,11 +180,12 @@ def start_worker(model: str, args: argparse.Namespace, workload: Workload) -> An
     from evora.config.compose import compose_run
     from evora.distributed.worker import EngineWorker, engine_rank, worker_spec
     from evora.engines.environment import engine_environment
-    from evora.lora.layout import build_layout, linear_shapes_of_model
+    from evora.lora.layout import build_layout
+    from evora.lora.modules import adaptable_modules
 
     run = compose_run(overrides(model, args, workload))
     layout = build_layout(
-        linear_shapes_of_model(model),
+        adaptable_modules(model),
         rank=run.lora.rank,
         alpha=run.lora.alpha,
         target_modules=run.lora.target_modules,
@@ -339,7 +340,8 @@ def real_layout(name: str, rank: int) -> Any:
     """The adapter layout of a real model at `rank` on all seven modules, from its config alone."""
     from transformers import Qwen2Config
 
-    from evora.lora.layout import build_layout, linear_shapes_of_model
+    from evora.lora.layout import build_layout
+    from evora.lora.modules import adaptable_modules
 
     hidden, intermediate, layers, heads, kv_heads = REAL_SHAPES[name]
     folder = Path(tempfile.mkdtemp(prefix="evora-bench-config-"))
@@ -351,7 +353,7 @@ def real_layout(name: str, rank: int) -> Any:
         num_key_value_heads=kv_heads,
         vocab_size=1024,  # the embedding holds no LoRA here
     ).save_pretrained(folder)
-    shapes = linear_shapes_of_model(str(folder))
+    shapes = adaptable_modules(str(folder))
     shutil.rmtree(folder)
     targets = MODULES.strip("[]").split(",")
     return build_layout(shapes, rank=rank, alpha=2 * rank, target_modules=targets, layers=None, base_model=name)

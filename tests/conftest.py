@@ -63,9 +63,9 @@ def tiny_path() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_shapes(tiny_path):
-    from evora.lora.layout import linear_shapes_of_model
+    from evora.lora.modules import adaptable_modules
 
-    return linear_shapes_of_model(tiny_path)
+    return adaptable_modules(tiny_path)
 
 
 def evora_cmd(*args: str) -> list[str]:

@@ -14,8 +14,6 @@ from typing import Any, Optional
 # this copy against the installed vLLM so validation needs no vLLM import.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
-LLAMA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -32,7 +30,8 @@ class ModelConfig:
 class LoraConfig:
     rank: int = 1
     alpha: float = 2.0
-    target_modules: list[str] = field(default_factory=lambda: list(LLAMA_TARGET_MODULES))
+    # auto (the projections of the model's repeated layers, found from the model) or module-name suffixes
+    target_modules: Any = "auto"
     layers: Optional[list[int]] = None  # None: every layer
 
 

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from evora.config.schema import VLLM_LORA_RANKS, RunConfig
+from evora.lora.layout import AUTO
 from evora.models import ModelLocation, locate_model
 from evora.strategies import get_strategy
 from evora.strategies.checks import choice, fail, require
+from evora.strategies.full_weights import moves_base_weights
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINES = ("vllm", "hf")
@@ -81,17 +83,36 @@ def _check_model(run: RunConfig) -> None:
         locate_model(model.tokenizer, key="model.tokenizer")
     _check_layers(run, location)
     if location.is_local:  # hub models are checked by the driver, once their config is fetched
-        from evora.lora.layout import build_layout, linear_shapes_of_model
+        run_layout(run, location.path)
 
-        lora = run.lora
-        build_layout(
-            linear_shapes_of_model(location.path, trust_remote_code=model.trust_remote_code),
-            rank=lora.rank,
-            alpha=lora.alpha,
-            target_modules=lora.target_modules,
-            layers=lora.layers,
-            base_model=location.path,
+
+def run_layout(run: RunConfig, model_path: str) -> Any:
+    """The run's adapter layout on the model's own modules (`auto` resolved), and whether the
+    run's engine can run LoRA on the model: one line before Ray when it cannot."""
+    from evora.engines.support import check_engine
+    from evora.lora.layout import build_layout
+    from evora.lora.modules import model_modules
+
+    modules = model_modules(model_path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code)
+    choice("engine.name", run.engine.name, ENGINES)
+    check_engine(run.engine.name, modules, "cuda" if run.hardware.gpus_per_worker > 0 else "cpu")
+    lora = run.lora
+    layout = build_layout(
+        modules.adaptable,
+        rank=lora.rank,
+        alpha=lora.alpha,
+        target_modules=lora.target_modules,
+        layers=lora.layers,
+        base_model=model_path,
+    )
+    if layout.has_experts and moves_base_weights(get_strategy(run.strategy.name).strategy):
+        raise fail(
+            "lora.target_modules",
+            list(layout.target_modules),
+            f"strategy={run.strategy.name} moves base weights, and expert weights are not among those it moves "
+            "yet; target the attention projections, e.g. [q_proj, k_proj, v_proj, o_proj]",
         )
+    return layout
 
 
 def _check_layers(run: RunConfig, location: ModelLocation) -> None:
@@ -114,11 +135,13 @@ def _check_lora(run: RunConfig) -> None:
     lora = run.lora
     choice("lora.rank", lora.rank, VLLM_LORA_RANKS)
     require(lora.alpha > 0, "lora.alpha", lora.alpha, "must be > 0")
+    targets = lora.target_modules
+    named = isinstance(targets, (list, tuple)) and len(targets) > 0 and all(isinstance(t, str) for t in targets)
     require(
-        len(lora.target_modules) > 0,
+        targets == AUTO or named,
         "lora.target_modules",
-        list(lora.target_modules),
-        "must name at least one module, e.g. [q_proj, v_proj]",
+        targets if isinstance(targets, str) else list(targets),
+        f"must be {AUTO} or name at least one module, e.g. [q_proj, v_proj]",
     )
     if lora.layers is not None:
         layers = list(lora.layers)

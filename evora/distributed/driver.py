@@ -40,7 +40,8 @@ from evora.distributed.training import training_context
 from evora.distributed.worker import UnitResult, WorkUnit, engine_rank, worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import RunError
-from evora.lora.layout import build_layout, linear_shapes_of_model
+from evora.lora.layout import build_layout
+from evora.lora.modules import adaptable_modules
 from evora.lora.noise import noise_key
 from evora.lora.peft_io import save_adapter
 from evora.models import hub_access, locate_model
@@ -167,7 +168,7 @@ class Driver:
         run = self.run_cfg
         self.location = locate_model(run.model.path)
         with hub_access(run.model.path):  # a hub model's config is first fetched here
-            shapes = linear_shapes_of_model(
+            shapes = adaptable_modules(
                 self.location.path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
             )
         self.strategy = self.entry.build(run.strategy, run.seed)

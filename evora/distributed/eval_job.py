@@ -22,7 +22,8 @@ from evora.distributed.ray_session import init_ray
 from evora.distributed.worker import worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import ConfigError
-from evora.lora.layout import AdapterLayout, build_layout, linear_shapes_of_model
+from evora.lora.layout import AdapterLayout, build_layout
+from evora.lora.modules import adaptable_modules
 from evora.lora.peft_io import layout_of_adapter, load_adapter_tensors
 from evora.models import locate_model
 from evora.strategies.protocol import BASE
@@ -34,7 +35,7 @@ from evora.tracking.run_dir import run_tag
 
 def _model_shapes(run: RunConfig) -> tuple[str, dict[str, tuple[int, int]]]:
     location = locate_model(run.model.path)
-    shapes = linear_shapes_of_model(
+    shapes = adaptable_modules(
         location.path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
     )
     return location.path, shapes

@@ -130,8 +130,11 @@ class EngineWeights:
         weights = self.master()
         write_model(model_folder(*model), run_dir / folder_name, weights)
         delta_layout = replace(layout, rank=delta_rank, alpha=float(delta_rank))
-        names = {slot.name: matrix_name(slot.name) for slot in layout.modules}
-        deltas = {module: weights[name] - original[name] for module, name in names.items()}
+        deltas = {}
+        for slot in layout.modules:
+            name = matrix_name(slot.name)
+            delta = weights[name] - original[name]
+            deltas[slot.name] = delta.T if slot.stored_transposed else delta  # LoRA factors are [out, in]
         tensors, error = low_rank_delta(deltas, delta_layout)
         save_adapter(run_dir / "adapters" / adapter_name, tensors, delta_layout)
         return error

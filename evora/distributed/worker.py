@@ -29,7 +29,7 @@ from evora.lora import Tensors
 from evora.lora.base_weights import read_weights
 from evora.lora.layout import AdapterLayout
 from evora.strategies import get_strategy
-from evora.strategies.full_weights import MasterWeights, matrix_name
+from evora.strategies.full_weights import MasterWeights, matrix_name, transposed_matrices
 from evora.strategies.protocol import materialise, prompts_of
 from evora.tasks import build_task
 from evora.tasks.fitness import perplexity
@@ -344,10 +344,11 @@ class EngineWorker:
         }
 
     def _master_at(self, snapshot: Tensors | None, generation: int) -> MasterWeights:
+        transposed = transposed_matrices(self.layout)
         if snapshot is not None:
-            return MasterWeights.from_snapshot(snapshot, generation)
+            return MasterWeights.from_snapshot(snapshot, generation, transposed)
         names = [matrix_name(slot.name) for slot in self.layout.modules]
-        return self.strategy.start_master(read_weights(self.model, names, self.revision))
+        return self.strategy.start_master(read_weights(self.model, names, self.revision), transposed)
 
     def master_weights(self) -> Tensors:
         """The master copies (and optimizer moments), for a snapshot or the export."""

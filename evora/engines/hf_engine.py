@@ -185,6 +185,10 @@ class HFEngine:
         for adapter in adapters:
             if adapter.name in self.peft.peft_config:
                 self.peft.delete_adapter(adapter.name)
+        if not self.peft.peft_config:
+            # With no adapter left, PEFT (0.21) still names the deleted one active, and loading the
+            # next adapter of a model it converts (MoE experts) fails on it: unwrap instead.
+            self.model, self.peft = self.peft.unload(), None
 
     def _base_parameter(self, name: str) -> torch.nn.Parameter:
         """A base weight by checkpoint name, also once PEFT has wrapped its module (base_layer)."""

@@ -30,7 +30,7 @@ def adapter_config(layout: AdapterLayout) -> dict:
         "layers_to_transform": None if layout.layers is None else list(layout.layers),
         "lora_dropout": 0.0,
         "bias": "none",
-        "fan_in_fan_out": False,
+        "fan_in_fan_out": layout.fan_in_fan_out,  # GPT-2's Conv1D stores weights [in, out]
         "use_rslora": False,
         "use_dora": False,
         "modules_to_save": None,

@@ -8,7 +8,7 @@ and applies the same updates from seeds and fitness:
 
     update = strategy.update_of(state, generation)   # small, plain data: what follows `generation`
     norm = strategy.apply(master, update)            # in place, on every worker, bit for bit the same
-    master = strategy.start_master(tensors)          # from the checkpoint's matrices (fp32)
+    master = strategy.start_master(tensors, transposed)  # from the checkpoint's matrices (fp32), as stored
     strategy.perturbation_rank, strategy.snapshot_every   # candidates' LoRA rank; generations between snapshots
     strategy.master_bytes(layout)                     # host memory of a worker's master copies (stated at the start)
 
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from evora.lora import Tensors
+from evora.lora.layout import AdapterLayout
 
 
 @dataclass
@@ -36,6 +37,7 @@ class MasterWeights:
     generation: int = 0
     adam_m: Tensors | None = None
     adam_v: Tensors | None = None
+    transposed: frozenset[str] = frozenset()  # names stored [in, out] as the checkpoint has them (GPT-2's Conv1D)
 
     def checksum(self) -> str:
         digest = hashlib.blake2b(digest_size=16)
@@ -56,15 +58,22 @@ class MasterWeights:
         return out
 
     @classmethod
-    def from_snapshot(cls, tensors: Tensors, generation: int) -> "MasterWeights":
+    def from_snapshot(
+        cls, tensors: Tensors, generation: int, transposed: frozenset[str] = frozenset()
+    ) -> "MasterWeights":
         plain = {k: v.clone() for k, v in tensors.items() if "/" not in k}
         m, v = ({k[len(p) :]: t.clone() for k, t in tensors.items() if k.startswith(p)} for p in ("adam_m/", "adam_v/"))
-        return cls(plain, generation, m or None, v or None)
+        return cls(plain, generation, m or None, v or None, transposed)
 
 
 def matrix_name(module: str) -> str:
     """A module's weight by its checkpoint name: what engines' base-weight hooks take."""
     return f"{module}.weight"
+
+
+def transposed_matrices(layout: AdapterLayout) -> frozenset[str]:
+    """The layout's matrices the checkpoint stores [in, out] (their updates are transposed)."""
+    return frozenset(matrix_name(slot.name) for slot in layout.modules if slot.stored_transposed)
 
 
 def moves_base_weights(strategy: Any) -> bool:

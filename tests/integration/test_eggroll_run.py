@@ -144,13 +144,14 @@ def test_workers_whose_weights_differ_stop_the_run_in_one_line(local_ray, tiny_p
     from evora.distributed.pool import WorkerPool
     from evora.distributed.worker import EngineWorker, worker_spec
     from evora.errors import RunError
-    from evora.lora.layout import build_layout, linear_shapes_of_model
+    from evora.lora.layout import build_layout
+    from evora.lora.modules import adaptable_modules
     from evora.strategies import get_strategy
     from evora.strategies.protocol import StrategyContext, fitness_results
 
     run = compose_run(["strategy=eggroll", "engine=hf", "strategy.population=4", "task.eval_size=8"])
     layout = build_layout(
-        linear_shapes_of_model(tiny_path),
+        adaptable_modules(tiny_path),
         rank=1,
         alpha=1,
         target_modules=["down_proj"],

@@ -101,7 +101,7 @@ def test_configs_are_frozen():
         ("task.reward_timeout_s=0", "task.reward_timeout_s=0.0: must be > 0"),
         ("task.reward_workers=0", "task.reward_workers=0: must be >= 1"),
         ("resume=/no/such/run", 'resume="/no/such/run": run folder not found'),
-        ("lora.target_modules=[c_attn]", "lora.target_modules=['c_attn']: no linear module of the model matches"),
+        ("lora.target_modules=[c_attn]", "lora.target_modules=['c_attn']: no adaptable module of the model matches"),
         ("task=countdown", "task.max_tokens=1024: must be in 1..model.max_model_len - 1 (511)"),
         ("task.fitness=loss", 'task.fitness="loss": unknown name "loss"'),
         ("task.prompt_format=html", 'task.prompt_format="html": allowed: auto, chat, plain'),

@@ -18,7 +18,8 @@ from evora.config.schema import TaskConfig
 from evora.distributed.evaluate import candidate_texts
 from evora.distributed.worker import UnitResult
 from evora.errors import ConfigError
-from evora.lora.layout import build_layout, linear_shapes_of_model
+from evora.lora.layout import build_layout
+from evora.lora.modules import adaptable_modules
 from evora.models import locate_model
 from evora.strategies.ecology import Ecology, EcologyConfig, EcologyState
 from evora.strategies.ecology.strategy import PROBE, SERVE
@@ -35,7 +36,7 @@ def training_context(calls: list | None = None) -> TrainingContext:
     tokenizer = AutoTokenizer.from_pretrained(TINY)
     renderer = PromptRenderer(tokenizer, "auto", task.plain_template)
     layout = build_layout(
-        linear_shapes_of_model(TINY), rank=1, alpha=1.0, target_modules=["down_proj"], layers=[1], base_model=TINY
+        adaptable_modules(TINY), rank=1, alpha=1.0, target_modules=["down_proj"], layers=[1], base_model=TINY
     )
 
     def target_ids(example):

@@ -13,7 +13,8 @@ from transformers import AutoTokenizer
 from conftest import make_summary
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
-from evora.lora.layout import build_layout, linear_shapes_of_model
+from evora.lora.layout import build_layout
+from evora.lora.modules import adaptable_modules
 from evora.models import locate_model
 from evora.strategies.budget import Budget, budget_of, check_budget
 from evora.strategies.ga import GAConfig, GeneticAlgorithm
@@ -32,7 +33,7 @@ def context(spent=lambda spend: False, train_size: int = 64) -> TrainingContext:
     tokenizer = AutoTokenizer.from_pretrained(TINY)
     renderer = PromptRenderer(tokenizer, "auto", task.plain_template)
     layout = build_layout(
-        linear_shapes_of_model(TINY), rank=1, alpha=1.0, target_modules=["down_proj"], layers=[1], base_model=TINY
+        adaptable_modules(TINY), rank=1, alpha=1.0, target_modules=["down_proj"], layers=[1], base_model=TINY
     )
     train = task.splits().train
     return TrainingContext(

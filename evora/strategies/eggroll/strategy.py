@@ -149,8 +149,10 @@ class EggrollStrategy:
         weights = sum(slot.out_features * slot.in_features for slot in layout.modules)
         return 4 * weights * (3 if self.cfg.optimizer == "adam" else 1)
 
-    def start_master(self, tensors: Tensors) -> MasterWeights:
-        master = MasterWeights({k: v.detach().to(torch.float32).clone() for k, v in tensors.items()})
+    def start_master(self, tensors: Tensors, transposed: frozenset[str] = frozenset()) -> MasterWeights:
+        """fp32 copies as the checkpoint stores them; `transposed`: those stored [in, out]."""
+        copies = {k: v.detach().to(torch.float32).clone() for k, v in tensors.items()}
+        master = MasterWeights(copies, transposed=transposed)
         if self.cfg.optimizer == "adam":
             master.adam_m = {k: torch.zeros_like(v) for k, v in master.tensors.items()}
             master.adam_v = {k: torch.zeros_like(v) for k, v in master.tensors.items()}
@@ -175,8 +177,11 @@ class EggrollStrategy:
             raise ValueError(f"update of generation {update.generation} on weights of generation {master.generation}")
         cfg, squares = self.cfg, 0.0
         for name, weight in master.tensors.items():
-            module = name.rsplit(".", 1)[0]
-            grad = self.gradient(update, module, weight.shape[0], weight.shape[1])
+            module, (rows, cols) = name.rsplit(".", 1)[0], weight.shape
+            if name in master.transposed:  # stored [in, out]: the [out, in] update, transposed
+                grad = self.gradient(update, module, cols, rows).T
+            else:
+                grad = self.gradient(update, module, rows, cols)
             direction = grad if cfg.optimizer == "sgd" else self._adam(master, name, grad, update.step)
             delta = cfg.lr * direction
             if cfg.weight_decay:

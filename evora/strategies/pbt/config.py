@@ -29,7 +29,7 @@ class PBTConfig:
     lr_min: float = 1e-6
     lr_max: float = 1e-2
     dropouts: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.15])
-    target_modules: list[list[str]] = field(default_factory=lambda: [["q_proj", "k_proj", "v_proj", "o_proj"]])
+    target_modules: list[list[str]] = field(default_factory=lambda: [["auto"]])  # [auto]: found from the model
     mutation_probability: float = 0.3  # chance that each hyperparameter changes on explore
     resample_probability: float = 0.5  # a change is a fresh draw from the list; else a neighbour / factor
     keep_top_fraction: float = 0.3333  # the top fraction is cloned into the bottom fraction (at most 0.5)

@@ -37,7 +37,8 @@ from evora.distributed.finish import Outcome, final_event, report_against_base, 
 from evora.distributed.ray_session import init_ray
 from evora.distributed.worker import engine_spec, load_tokenizer, worker_spec
 from evora.errors import ConfigError
-from evora.lora.layout import AdapterLayout, build_layout, linear_shapes_of_model
+from evora.lora.layout import Adaptable, AdapterLayout, build_layout
+from evora.lora.modules import adaptable_modules
 from evora.lora.noise import noise_key
 from evora.lora.peft_io import load_adapter_tensors, save_adapter
 from evora.lora.resize import resize_adapter
@@ -60,7 +61,7 @@ class TrialContext:
     run: RunConfig
     model_path: str
     service: str  # name of the EvaluationService actor
-    shapes: dict[str, tuple[int, int]]  # linear module name -> (out, in)
+    shapes: dict[str, Adaptable]  # adaptable module name -> shape and kind
 
 
 def layout_for(hp: dict[str, Any], context: TrialContext) -> AdapterLayout:
@@ -121,9 +122,10 @@ def _trainer(context: TrialContext, hp: dict[str, Any], start: Start, trial_id: 
         tuple(run.lora.layers) if run.lora.layers else None,
         noise_key(run.seed, "pbt-trial", trial_id),
     )
+    modules = layout_for(hp, context).target_modules  # an `auto` option resolved for PEFT
     return LoraSFT(
         context.model_path,
-        hp,
+        {**hp, "target_modules": ",".join(modules)},
         settings,
         pairs,
         pad_id,
@@ -426,9 +428,7 @@ def run_pbt(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], N
         write_config(folder, run)
     init_ray(run)
     model_path = locate_model(run.model.path).path
-    shapes = linear_shapes_of_model(
-        model_path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
-    )
+    shapes = adaptable_modules(model_path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code)
     name = f"evora-eval-{run_tag(run_dir)}"
     service = _service(run, model_path, shapes, name)
     # Engines first: trials started earlier could take the CPUs/GPUs the engine workers need.
