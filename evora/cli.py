@@ -306,7 +306,18 @@ def runs_main(argv: list[str]) -> None:
         _die(error)
 
 
-SUBCOMMANDS = {"analyze": analyze_main, "compare": compare_main, "runs": runs_main}
+def doctor_main(argv: list[str]) -> None:
+    """evora doctor [overrides]: the model, engines, layout and memory of a run, before Ray."""
+    from evora.doctor import doctor
+
+    try:
+        code = doctor(argv)
+    except EvoraError as error:
+        _die(error)
+    raise SystemExit(code)
+
+
+SUBCOMMANDS = {"analyze": analyze_main, "compare": compare_main, "runs": runs_main, "doctor": doctor_main}
 
 
 # Ray Tune (PBT) reads these in the process that runs it, the CLI's: no console tables or

@@ -75,7 +75,7 @@ def evora_cmd(*args: str) -> list[str]:
 def run_evora(args: list[str], cwd: Path, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
     """The real CLI in a subprocess (its own local Ray)."""
     full_env = {**{k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}, **(env or {})}
-    if args[:1] in (["analyze"], ["runs"], ["compare"]):  # not a run: no config overrides
+    if args[:1] in (["analyze"], ["runs"], ["compare"], ["doctor"]):  # not a run: no config overrides
         return subprocess.run(evora_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
     command = args[:1] if args[:1] in (["eval"], ["-m"]) else []  # a subcommand or -m comes first
     args = [*command, "tracking.progress=false", *args[len(command) :]]

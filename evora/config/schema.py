@@ -92,6 +92,7 @@ class HardwareConfig:
     driver_restarts: int = 3  # a killed driver actor restarts from the last checkpoint this often
     worker_replacements: int = 8  # lost engine workers replaced per run (then the pool goes on smaller)
     gpu_memory_utilization: float = 0.05
+    gpu_memory_gib: Optional[float] = None  # each GPU's memory (None: read from a GPU here, if any)
     kv_cache_gib: int = 1
     dashboard: bool = False
     trial_cpus: float = 1.0  # PBT: CPUs each training trial reserves
