@@ -145,7 +145,7 @@ def plan_memory(run: RunConfig, modules: Any, layout: Any) -> Any:
         max_loras=run.engine.max_loras,
         max_num_seqs=run.engine.max_num_seqs,
         max_model_len=run.model.max_model_len,
-        tensor_parallel_size=run.hardware.tensor_parallel_size,
+        tensor_parallel_size=max(1, run.hardware.tensor_parallel_size),  # its range is checked later
         master_bytes=strategy.master_bytes(layout) if moves else 0,
     )
 

@@ -70,7 +70,7 @@ def test_configs_are_frozen():
     "override,message",
     [
         ("strategy=nope", "strategy=nope: unknown option; allowed: ecology, eggroll, es"),
-        ("model=gpt5", "model=gpt5: unknown option; allowed: llama3_2_1b,"),
+        ("model=gpt5", "model=gpt5: unknown option; allowed: gpt2, llama3_2_1b,"),
         ("strategy.population=1", "strategy.population=1: must be an integer >= 2"),
         ("strategy.population=7", "strategy.population=7: must be even when strategy.antithetic=true"),
         ("lora.rank=3", "lora.rank=3: allowed: 1, 8, 16, 32, 64, 128, 256, 320, 512"),
