@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from evora.config.compose import compose_run
+from evora.config.fit import check_fits, device_memory, memory_need, plan_memory
 from evora.config.schema import RunConfig
-from evora.config.validate import check_fits, device_memory, memory_need, model_layout, plan_memory, validate
+from evora.config.validate import model_layout, validate
 from evora.engines.support import engine_support
 from evora.errors import EvoraError
 from evora.lora.modules import ModelModules, model_modules, modules_of_config

@@ -98,6 +98,8 @@ def run_layout(run: RunConfig, model_path: str) -> Any:
 def check_model_runs(run: RunConfig, modules: Any, model_path: str) -> Any:
     """The layout on `modules` (a ModelModules); ConfigError when the engine or the memory cannot run it."""
     layout = model_layout(run, modules, model_path)
+    from evora.config.fit import check_fits, plan_memory
+
     check_fits(run, plan_memory(run, modules, layout))
     return layout
 
@@ -126,79 +128,6 @@ def model_layout(run: RunConfig, modules: Any, model_path: str) -> Any:
             "yet; target the attention projections, e.g. [q_proj, k_proj, v_proj, o_proj]",
         )
     return layout
-
-
-def plan_memory(run: RunConfig, modules: Any, layout: Any) -> Any:
-    """One worker's memory estimate for the run (evora/models/memory.py)."""
-    from evora.models.memory import estimate
-
-    entry = get_strategy(run.strategy.name)
-    strategy = entry.build(run.strategy, run.seed) if entry.strategy is not None else None
-    moves = strategy is not None and moves_base_weights(strategy)
-    rank = strategy.perturbation_rank if moves else layout.rank
-    return estimate(
-        parameters=modules.parameters,
-        config=modules.config,
-        layout=layout,
-        dtype=run.model.dtype,
-        max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= rank),
-        max_loras=run.engine.max_loras,
-        max_num_seqs=run.engine.max_num_seqs,
-        max_model_len=run.model.max_model_len,
-        tensor_parallel_size=max(1, run.hardware.tensor_parallel_size),  # its range is checked later
-        master_bytes=strategy.master_bytes(layout) if moves else 0,
-    )
-
-
-def device_memory(run: RunConfig) -> tuple[str, int | None]:
-    """(what, bytes) the estimate is held against: one GPU, or this host's RAM for CPU workers."""
-    import psutil
-
-    hardware = run.hardware
-    if hardware.gpus_per_worker == 0:
-        return "this host's RAM", psutil.virtual_memory().total
-    if hardware.gpu_memory_gib is not None:
-        return "one GPU (hardware.gpu_memory_gib)", int(hardware.gpu_memory_gib * 2**30)
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory
-    return "one GPU (none here: set hardware.gpu_memory_gib to check)", None
-
-
-def memory_need(run: RunConfig, memory: Any) -> tuple[int, int]:
-    """(bytes needed, bytes available) on the device the check compares with; 0 available: unknown."""
-    _, total = device_memory(run)
-    hardware, vllm = run.hardware, run.engine.name == "vllm"
-    if hardware.gpus_per_worker > 0:
-        need = memory.to_start() if vllm else memory.weights + memory.lora_slots
-        return need, int((hardware.gpu_memory_utilization if vllm else 1.0) * (total or 0))
-    workers = hardware.num_workers or 1
-    kv = hardware.kv_cache_gib * 2**30 if vllm else 0
-    return workers * (memory.weights + memory.lora_slots + kv + memory.master), total or 0
-
-
-def check_fits(run: RunConfig, memory: Any) -> None:
-    need, budget = memory_need(run, memory)
-    if not budget or need <= budget:
-        return
-    gib = 2**30
-    parts = f"weights {memory.weights / gib:.2f}, LoRA slots {memory.lora_slots / gib:.2f}"
-    if run.hardware.gpus_per_worker > 0:
-        raise fail(
-            "engine.max_loras",
-            run.engine.max_loras,
-            f"a worker needs {need / gib:.1f} GiB to start ({parts}, one {run.model.max_model_len}-token sequence "
-            f"{memory.kv_per_sequence / gib:.2f}) but has {budget / gib:.1f} GiB (hardware.gpu_memory_utilization of "
-            "its GPU); lower engine.max_loras or model.max_model_len, or raise hardware.tensor_parallel_size",
-        )
-    raise fail(
-        "hardware.num_workers",
-        run.hardware.num_workers,
-        f"the workers need {need / gib:.1f} GiB ({parts}, KV cache and master copies per worker) and this host "
-        f"has {budget / gib:.1f} GiB; lower hardware.num_workers, engine.max_loras or hardware.kv_cache_gib, "
-        "or use model.dtype=bfloat16",
-    )
 
 
 def _check_layers(run: RunConfig, location: ModelLocation) -> None:

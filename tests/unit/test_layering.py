@@ -16,11 +16,20 @@ import evora
 # Top to bottom: a module may import its own layer and the layers below it, never above.
 # First matching prefix wins; a strategy's job runner sits above the runtime it drives.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("entry points", ("evora.cli", "evora.__main__", "evora.help")),
+    ("entry points", ("evora.cli", "evora.__main__", "evora.help", "evora.doctor")),
     ("run management and job runners", ("evora.runs", "evora.strategies.pbt.runner")),
     ("distributed runtime", ("evora.distributed",)),
     ("analysis", ("evora.analysis",)),
-    ("config", ("evora.config.compose", "evora.config.overlay", "evora.config.store", "evora.config.validate")),
+    (
+        "config",
+        (
+            "evora.config.compose",
+            "evora.config.fit",
+            "evora.config.overlay",
+            "evora.config.store",
+            "evora.config.validate",
+        ),
+    ),
     ("tracking and engines", ("evora.tracking", "evora.engines")),
     ("strategies, tasks, training, models", ("evora.strategies", "evora.tasks", "evora.training", "evora.models")),
     ("adapters and schemas", ("evora.lora", "evora.config")),
