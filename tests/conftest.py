@@ -68,6 +68,15 @@ def tiny_shapes(tiny_path):
     return adaptable_modules(tiny_path)
 
 
+@functools.lru_cache(maxsize=None)
+def family_path(family: str) -> str:
+    """A tiny random-weight model of a real architecture (evora.models.build_family), built once
+    per process."""
+    from evora.models.build_family import build_family
+
+    return str(build_family(family, tempfile.mkdtemp(prefix=f"evora-{family}-")))
+
+
 def evora_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "evora", *args]
 

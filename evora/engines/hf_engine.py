@@ -138,9 +138,9 @@ class HFEngine:
 
     def _until_eos(self, row: list[int]) -> list[int]:
         eos = self.tokenizer.eos_token_id
-        if eos in row:
+        if eos in row:  # batch padding follows a row's EOS only; before it, a pad id is a real token
             return row[: row.index(eos) + 1]  # EOS counts as a generated token, as in vLLM
-        return [t for t in row if t != self.pad_id]
+        return row
 
     @torch.no_grad()
     def _next_token_logprobs(self, prompts: list[list[int]], targets: list[list[int]]) -> list[torch.Tensor]:

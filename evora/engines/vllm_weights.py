@@ -81,7 +81,7 @@ class BaseWeightsExtension:
             raise KeyError(f"{name}: only linear layers' weights can be set")
         parent, _, leaf = module.rpartition(".")
         for fused, parts in getattr(model, "packed_modules_mapping", {}).items():
-            if leaf in parts:
+            if leaf in parts and parts != [leaf]:  # [leaf]: the checkpoint stores it fused (Phi-3's qkv_proj)
                 path = f"{parent}.{fused}"
                 layer = _base_layer(model, path, name)
                 index = parts.index(leaf)

@@ -1,31 +1,25 @@
 """Families beyond Llama through the real CLI (issue: every model family users bring): GPT-2's
-Conv1D and a Qwen3-MoE mixture on the transformers engine, refused before Ray on vLLM, their
-exported adapters reloaded in PEFT against an independent reference (the LoRA product merged
-into the weights by hand); EGGROLL on GPT-2; `evora doctor`."""
+Conv1D (every strategy) and a Qwen3-MoE mixture on the transformers engine, refused before
+Ray on vLLM, their exported adapters reloaded in PEFT against an independent reference (the
+LoRA product merged into the weights by hand); EGGROLL on GPT-2; `evora doctor`."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import cli_run, run_evora
-from evora.models.build_family import build_family
+from conftest import cli_run, family_path, run_evora
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("families")]
 SHORT = ["engine=hf", "generations=2", "hardware.num_workers=1", "task.eval_size=16", "eval_every=0"]
 SHORT += ["task.prompts_per_generation=8"]
+# A random model earns no reward, so ES's mean stays where it starts: start it away from B = 0.
+ES_START = [*SHORT, "strategy.init_b_std=0.05"]
 PROMPT = torch.tensor([[1, 40, 41, 42, 43, 44, 45]])
-
-
-@functools.lru_cache(maxsize=None)
-def family(name: str) -> str:
-    return str(build_family(name, tempfile.mkdtemp(prefix=f"evora-{name}-")))
 
 
 def merged_reference(model_path: str, adapter: Path):
@@ -75,7 +69,7 @@ def assert_reloads_like_reference(model_path: str, adapter: Path, moves: bool = 
 
 
 def test_gpt2_ga_runs_on_the_transformers_engine_and_its_adapter_loads_in_peft():
-    path = family("gpt2")
+    path = family_path("gpt2")
     run_dir, _ = cli_run(
         f"model.path={path}", "strategy=ga", "lora.target_modules=auto", "strategy.init_b_std=0.05", *SHORT
     )
@@ -86,31 +80,51 @@ def test_gpt2_ga_runs_on_the_transformers_engine_and_its_adapter_loads_in_peft()
 
 
 def test_gpt2_es_mean_adapter_reloads_in_peft_like_the_merged_reference():
-    path = family("gpt2")
-    run_dir, _ = cli_run(f"model.path={path}", "strategy=es", "lora.target_modules=auto", *SHORT)
+    path = family_path("gpt2")
+    run_dir, _ = cli_run(f"model.path={path}", "strategy=es", "lora.target_modules=auto", *ES_START)
     assert_reloads_like_reference(path, run_dir / "adapters/mean")
+
+
+GRADIENT_RUNS = {
+    "sft": [],
+    "grpo": ["strategy.num_generations=2", "strategy.prompts_per_step=2", "strategy.steps_per_generation=2"],
+    "ecology": [],
+    "pbt": ["strategy.target_modules=[[auto]]", "strategy.steps_per_generation=4"],
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(GRADIENT_RUNS))
+def test_gpt2_runs_every_other_strategy_and_its_adapter_loads_in_peft(strategy):
+    path = family_path("gpt2")
+    args = [f"model.path={path}", f"strategy={strategy}", "lora.target_modules=auto", *SHORT, *GRADIENT_RUNS[strategy]]
+    run_dir, _ = cli_run(*args)
+    # SFT's cross-entropy moves its trained adapter's B from zero; a random model's rewards (all
+    # zero) move nothing, and with no evaluation between generations "best" is the start.
+    adapter = run_dir / ("adapters/trained" if strategy == "sft" else "adapters/best")
+    assert json.loads((adapter / "adapter_config.json").read_text())["fan_in_fan_out"] is True
+    assert_reloads_like_reference(path, adapter, moves=strategy == "sft")
 
 
 def test_gpt2_eggroll_exports_a_model_transformers_loads():
     from transformers import AutoModelForCausalLM
 
-    path = family("gpt2")
+    path = family_path("gpt2")
     run_dir, _ = cli_run(f"model.path={path}", "strategy=eggroll", "lora.target_modules=auto", *SHORT)
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32)
     assert model.transformer.h[0].attn.c_attn.weight.shape == (64, 192)  # still [in, out]
 
 
 def test_moe_es_with_expert_targets_runs_and_its_adapter_loads_in_peft():
-    path = family("qwen3_moe")
+    path = family_path("qwen3_moe")
     targets = "lora.target_modules=[gate_proj,up_proj,down_proj]"
-    run_dir, _ = cli_run(f"model.path={path}", "strategy=es", targets, "lora.layers=null", *SHORT)
+    run_dir, _ = cli_run(f"model.path={path}", "strategy=es", targets, "lora.layers=null", *ES_START)
     tensors = (run_dir / "adapters/mean/adapter_model.safetensors").read_bytes()
     assert b"mlp.experts.3.down_proj.lora_A.weight" in tensors
     assert_reloads_like_reference(path, run_dir / "adapters/mean")
 
 
 def test_moe_eggroll_on_attention_runs():
-    path = family("qwen3_moe")
+    path = family_path("qwen3_moe")
     run_dir, _ = cli_run(f"model.path={path}", "strategy=eggroll", "lora.target_modules=[q_proj,o_proj]", *SHORT)
     assert (run_dir / "model" / "model.safetensors").is_file()
 
@@ -124,7 +138,7 @@ def test_moe_eggroll_on_attention_runs():
     ],
 )
 def test_what_cannot_run_ends_before_ray_in_one_line(name, extra, message, tmp_path):
-    result = run_evora([f"model.path={family(name)}", "engine=vllm", "lora.target_modules=auto", *extra], tmp_path)
+    result = run_evora([f"model.path={family_path(name)}", "engine=vllm", "lora.target_modules=auto", *extra], tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
@@ -138,7 +152,7 @@ def doctor(args: list[str], tmp_path: Path):
 
 @pytest.mark.parametrize("model", ["", "gpt2", "qwen3_moe"])
 def test_doctor_says_what_will_run_and_that_it_fits(model, tmp_path):
-    args = [f"model.path={family(model)}", "engine=hf", "lora.target_modules=auto"] if model else []
+    args = [f"model.path={family_path(model)}", "engine=hf", "lora.target_modules=auto"] if model else []
     result = doctor(args, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
@@ -149,11 +163,14 @@ def test_doctor_says_what_will_run_and_that_it_fits(model, tmp_path):
         assert "mixture of 4 experts" in out and "expert, linear" in out
 
 
-def test_doctor_estimates_a_7b_model_from_its_config_alone(tmp_path):
-    result = doctor(["model=qwen2_5_7b", "hardware=gpu", "hardware.gpu_memory_gib=80"], tmp_path)
+# Published sizes: Qwen2.5-7B 7.62B parameters, Qwen3-30B-A3B 30.5B (128 experts); bfloat16 weights.
+@pytest.mark.parametrize(("model", "millions"), [("qwen2_5_7b", 7_615.6), ("qwen3_30b_a3b", 30_532.1)])
+def test_doctor_estimates_a_hub_model_from_its_config_alone(model, millions, tmp_path):
+    result = doctor([f"model={model}", "hardware=gpu", "hardware.gpu_memory_gib=80"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-    assert "7,615.6M parameters" in result.stdout and "weights 14.19" in result.stdout
-    too_small = doctor(["model=qwen2_5_7b", "hardware=gpu", "hardware.gpu_memory_gib=16"], tmp_path)
+    assert f"{millions:,.1f}M parameters" in result.stdout
+    assert f"weights {millions * 1e6 * 2 / 2**30:.2f}" in result.stdout
+    too_small = doctor([f"model={model}", "hardware=gpu", "hardware.gpu_memory_gib=16"], tmp_path)
     assert too_small.returncode == 2 and "does NOT fit" in too_small.stdout
 
 

@@ -100,7 +100,11 @@ def test_a_diverging_update_stops_in_one_line_before_its_checkpoint():
     [
         (["strategy.sigma=inf"], 2, ["strategy.sigma=inf: must be a finite number"]),
         (["tracking.out_dir=/proc/forbidden"], 2, ['tracking.out_dir="/proc/forbidden": cannot write in /proc']),
-        (["hardware.num_workers=64"], 2, ["hardware.num_workers=64:", "need 64 CPUs but the Ray cluster has"]),
+        (
+            ["hardware.num_workers=2", "hardware.cpus_per_worker=32"],
+            2,
+            ["hardware.num_workers=2:", "need 64 CPUs but the Ray cluster has"],
+        ),
         (["hardware=gpu", "engine=hf"], 2, ["hardware.gpus_per_worker=1: the Ray cluster has no GPUs"]),
         (
             ["model.path=Qwen/Qwen2.5-0.5B-Instruct", "engine=hf"],

@@ -5,22 +5,14 @@ Conv1D's [in, out] storage."""
 
 from __future__ import annotations
 
-import functools
-import tempfile
-
 import pytest
 import torch
 
+from conftest import family_path
 from evora.errors import ConfigError
 from evora.lora.layout import CONV1D, EXPERT, LINEAR, build_layout
 from evora.lora.modules import model_modules, modules_of_config
-from evora.models.build_family import FAMILIES, build_family
-
-
-@functools.lru_cache(maxsize=None)
-def family_path(family: str) -> str:
-    return str(build_family(family, tempfile.mkdtemp(prefix=f"evora-{family}-")))
-
+from evora.models.build_family import FAMILIES
 
 EXPECTED_AUTO = {
     "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
