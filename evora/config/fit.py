@@ -8,7 +8,7 @@ from typing import Any
 from evora.config.schema import VLLM_LORA_RANKS, RunConfig
 from evora.strategies import get_strategy
 from evora.strategies.checks import fail
-from evora.strategies.full_weights import moves_base_weights
+from evora.strategies.protocol import FULL_WEIGHT
 
 
 def plan_memory(run: RunConfig, modules: Any, layout: Any) -> Any:
@@ -16,9 +16,9 @@ def plan_memory(run: RunConfig, modules: Any, layout: Any) -> Any:
     from evora.models.memory import estimate
 
     entry = get_strategy(run.strategy.name)
-    strategy = entry.build(run.strategy, run.seed) if entry.strategy is not None else None
-    moves = strategy is not None and moves_base_weights(strategy)
-    rank = strategy.perturbation_rank if moves else layout.rank
+    moves = entry.kind == FULL_WEIGHT
+    strategy = entry.build(run.strategy, run.seed) if moves else None
+    rank = strategy.perturbation_rank if strategy is not None else layout.rank
     return estimate(
         parameters=modules.parameters,
         config=modules.config,
@@ -29,7 +29,7 @@ def plan_memory(run: RunConfig, modules: Any, layout: Any) -> Any:
         max_num_seqs=run.engine.max_num_seqs,
         max_model_len=run.model.max_model_len,
         tensor_parallel_size=max(1, run.hardware.tensor_parallel_size),  # its range is checked later
-        master_bytes=strategy.master_bytes(layout) if moves else 0,
+        master_bytes=strategy.master_bytes(layout) if strategy is not None else 0,
     )
 
 

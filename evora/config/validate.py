@@ -18,8 +18,9 @@ from evora.config.schema import VLLM_LORA_RANKS, RunConfig
 from evora.lora.layout import AUTO
 from evora.models import ModelLocation, locate_model
 from evora.strategies import get_strategy
+from evora.strategies.budget import matched_run
 from evora.strategies.checks import choice, fail, require
-from evora.strategies.full_weights import moves_base_weights
+from evora.strategies.protocol import FULL_WEIGHT
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINES = ("vllm", "hf")
@@ -120,7 +121,7 @@ def model_layout(run: RunConfig, modules: Any, model_path: str) -> Any:
         layers=lora.layers,
         base_model=model_path,
     )
-    if layout.has_experts and moves_base_weights(get_strategy(run.strategy.name).strategy):
+    if layout.has_experts and get_strategy(run.strategy.name).kind == FULL_WEIGHT:
         raise fail(
             "lora.target_modules",
             list(layout.target_modules),
@@ -245,7 +246,7 @@ def _check_match(strategy: Any) -> None:
     """strategy.match names a finished run (its summary carries the compute to match)."""
     from evora.tracking.summary import read_summary
 
-    folder = getattr(strategy, "match", None)
+    folder = matched_run(strategy)
     if folder is not None:
         require(Path(folder).is_dir(), "strategy.match", folder, "no such run folder")
         require(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -47,19 +47,18 @@ from evora.lora.peft_io import save_adapter
 from evora.models import hub_access, locate_model
 from evora.models.parameters import count_parameters
 from evora.strategies import get_strategy
-from evora.strategies.budget import budget_of
-from evora.strategies.full_weights import moves_base_weights
+from evora.strategies.budget import budget_of, matched_run
 from evora.strategies.protocol import (
     BASE,
     CENTER,
+    FULL_WEIGHT,
+    GRADIENT,
+    PORTFOLIO,
     GenerationResults,
     StrategyContext,
     Told,
-    is_gradient,
-    is_portfolio,
     prompts_of,
     state_fields,
-    trains_on_driver,
 )
 from evora.tasks import build_task
 from evora.tasks.fitness import parse_fitness
@@ -101,11 +100,7 @@ def finite_fitness(fitness: np.ndarray) -> tuple[np.ndarray, int]:
 
 def knobs(strategy_cfg: Any) -> str:
     """The strategy's float settings: what to look at when its numbers blow up."""
-    values = [
-        f"strategy.{f.name}={getattr(strategy_cfg, f.name):g}"
-        for f in fields(strategy_cfg)
-        if isinstance(getattr(strategy_cfg, f.name), float)
-    ]
+    values = [f"strategy.{key}={value:g}" for key, value in asdict(strategy_cfg).items() if isinstance(value, float)]
     return ", ".join(values) or "the strategy's settings"
 
 
@@ -145,7 +140,7 @@ def routed_prompts(specs: list[Any]) -> tuple[int, ...]:
 
 def matched_usage(strategy_cfg: Any) -> dict[str, float] | None:
     """The search usage of the run a strategy matches (strategy.match), from its summary."""
-    folder = getattr(strategy_cfg, "match", None)
+    folder = matched_run(strategy_cfg)
     if folder is None:
         return None
     summary = read_summary(folder)
@@ -173,7 +168,7 @@ class Driver:
             )
         self.strategy = self.entry.build(run.strategy, run.seed)
         # A full-weight strategy's candidates are LoRAs of its own perturbation rank, at scale 1.
-        rank = getattr(self.strategy, "perturbation_rank", None)
+        rank = self.strategy.perturbation_rank if self.entry.kind == FULL_WEIGHT else None
         self.layout = build_layout(
             shapes,
             rank=rank or run.lora.rank,
@@ -188,7 +183,7 @@ class Driver:
         self.budget = budget_of(run.strategy, matched_usage(run.strategy))
         self.stopping = self.budget is not None and self.budget.spent(self.ledger.search_usage())
         self.training, self.scorer = None, None
-        if trains_on_driver(self.strategy):
+        if self.entry.trains_on_driver(self.strategy):
             self.training, self.scorer = training_context(
                 run, self.location.path, self.layout, self.splits, self.budget, self._spent_now
             )
@@ -203,7 +198,7 @@ class Driver:
             name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}",
         )
         self.weights = None
-        if moves_base_weights(self.strategy):
+        if self.entry.kind == FULL_WEIGHT:
             self.weights = EngineWeights(self.strategy, self.pool, self.run_dir, self.snapshots, knobs(run.strategy))
             self.weights.to(self.state, self.next_generation)
 
@@ -307,7 +302,7 @@ class Driver:
     def _generation(self, generation: int) -> dict[str, Any]:
         started = time.perf_counter()
         self._generation_started = started
-        search = self._train if is_gradient(self.strategy) else self._evolve
+        search = self._train if self.entry.kind == GRADIENT else self._evolve
         record, spend = search(generation)
         searched = time.perf_counter()
         done = generation + 1
@@ -338,7 +333,7 @@ class Driver:
         started = time.perf_counter()
         specs, payload = self.strategy.ask(self.state, generation)
         prompts = routed_prompts(specs) or self._prompt_batch(generation)
-        texts = bool(getattr(self.strategy, "keeps_texts", False))  # the ecology's self-training reads them
+        texts = self.entry.keeps_texts(self.strategy)  # the ecology's self-training reads them
         engine = self.run_cfg.engine
         units = [
             WorkUnit(tuple(c), "train", prompts, keep_texts=texts, perplexity=self.fitness.needs_perplexity)
@@ -435,7 +430,7 @@ class Driver:
         fitness, invalid = finite_fitness(
             np.array([self.fitness({k: v[i] for k, v in means.items()}) for i in range(population)], dtype=np.float64)
         )
-        texts = candidate_texts(results, population) if getattr(self.strategy, "keeps_texts", False) else None
+        texts = candidate_texts(results, population) if self.entry.keeps_texts(self.strategy) else None
         return GenerationResults(
             generation, prompts, m["rewards"], m["correct"], m["tokens"], m["perplexity"], fitness, evaluated, texts
         ), invalid
@@ -480,7 +475,7 @@ class Driver:
             out_dir=self.run_dir / "eval",
             stem="best_vs_base",
         )
-        if is_portfolio(self.strategy):
+        if self.entry.kind == PORTFOLIO:
             metrics = self._with_fitness(report["adapter_metrics"])
             best = replace(best, heldout={k: metrics[k] for k in self.last if k in metrics})
         self.ledger.evaluation.add(spend)
@@ -511,7 +506,7 @@ class Driver:
         evaluation that compares the best adapter with the base model."""
         center_name, center = self.entry.center or "final", self.strategy.center(self.state)
         save_adapter(self.run_dir / "adapters" / center_name, center, self.layout)
-        details = self._portfolio(done, spend) if is_portfolio(self.strategy) else {}
+        details = self._portfolio(done, spend) if self.entry.kind == PORTFOLIO else {}
         best = self._single_best(details, done) if details else self.best or Best(float("nan"), done, center, self.last)
         save_adapter(self.run_dir / "adapters" / "best", best.adapter, self.layout)
         adapters = {"best": "adapters/best", center_name: f"adapters/{center_name}"}

@@ -34,6 +34,11 @@ class Budget:
         return usage[self.measure] >= self.limit
 
 
+def matched_run(cfg: Any) -> str | None:
+    """The run folder a strategy config matches (`strategy.match`), if it runs to budgets."""
+    return cfg.match if isinstance(cfg, BudgetFields) else None
+
+
 def check_budget(cfg: BudgetFields) -> None:
     given = [k for k in ("budget_flops", "budget_tokens", "budget_seconds", "match") if getattr(cfg, k) is not None]
     if len(given) > 1:

@@ -1,7 +1,7 @@
 """Full-weight strategies (EGGROLL): the contract between the strategy's maths and the
 engines whose base weights it moves.
 
-A strategy with `moves_base_weights = True` evaluates its candidates as LoRAs on the
+A strategy registered with `kind=full_weight` evaluates its candidates as LoRAs on the
 engines' current weights and, after each `tell`, changes those weights themselves. The
 driver holds no weights: every worker keeps fp32 `MasterWeights` of the selected matrices
 and applies the same updates from seeds and fitness:
@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
+from evora.strategies.protocol import Strategy
 
 
 @dataclass
@@ -76,5 +77,22 @@ def transposed_matrices(layout: AdapterLayout) -> frozenset[str]:
     return frozenset(matrix_name(slot.name) for slot in layout.modules if slot.stored_transposed)
 
 
-def moves_base_weights(strategy: Any) -> bool:
-    return bool(getattr(strategy, "moves_base_weights", False))
+class FullWeightStrategy(Strategy, Protocol):
+    """Registered with kind=full_weight (see the module's docstring)."""
+
+    @property
+    def perturbation_rank(self) -> int: ...
+
+    @property
+    def snapshot_every(self) -> int: ...
+
+    @property
+    def delta_rank(self) -> int: ...
+
+    def update_of(self, state: Any, generation: int) -> Any: ...
+
+    def apply(self, master: MasterWeights, update: Any) -> float: ...
+
+    def start_master(self, tensors: Tensors, transposed: frozenset[str] = frozenset()) -> MasterWeights: ...
+
+    def master_bytes(self, layout: AdapterLayout) -> int: ...

@@ -28,6 +28,15 @@ from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
 from evora.tasks.base import Example
 
+# What kind of strategy it is, declared at registration (`register_strategy(kind=...)`): the
+# loop assembles its phases from the kind and never probes a strategy for attributes.
+POPULATION = "population"  # Strategy: ask/tell; candidates evaluated on the workers
+PORTFOLIO = "portfolio"  # PortfolioStrategy: a population whose members serve as a routed portfolio
+FULL_WEIGHT = "full_weight"  # full_weights.FullWeightStrategy: a population whose tell moves base weights
+GRADIENT = "gradient"  # GradientStrategy: trained on the driver, one improve() per generation
+JOB = "job"  # runs the whole job itself (`register_strategy(runner=...)`): PBT on Ray Tune
+KINDS = (POPULATION, PORTFOLIO, FULL_WEIGHT, GRADIENT, JOB)
+
 PERTURB = "perturb"  # payload + seeded noise
 CENTER = "center"  # the evaluation payload's adapter
 BASE = "base"  # no adapter: the base model
@@ -97,7 +106,7 @@ class GenerationResults:
     fitness: np.ndarray  # [candidates]: task.fitness of the row means, non-finite values replaced
     evaluated: np.ndarray | None = None  # [candidates, prompts] bool, when specs carry `prompts`; None: every cell
     texts: list[list[str]] | None = None  # [candidates][prompts] completions ("" where not evaluated), when the
-    # strategy's `keeps_texts` is true (the ecology's self-training); None otherwise
+    # strategy refines and keeps texts (RefiningStrategy: the ecology's self-training); None otherwise
 
 
 @dataclass
@@ -161,7 +170,22 @@ class GradientStrategy(Protocol):
     def center(self, state: Any) -> Tensors: ...
 
 
-class PortfolioStrategy(Protocol):
+class RefiningStrategy(Strategy, Protocol):
+    """Registered with `refines=True`: a population strategy whose config may follow each tell
+    with gradient refinement (the memetic GA, the ecology under plasticity=sft)."""
+
+    @property
+    def refines(self) -> bool:
+        """Whether this configuration refines: the loop then builds a TrainingContext."""
+
+    @property
+    def keeps_texts(self) -> bool:
+        """Whether `tell` reads the candidates' completions (GenerationResults.texts)."""
+
+    def refine(self, state: Any, generation: int, context: TrainingContext) -> Told | None: ...
+
+
+class PortfolioStrategy(Strategy, Protocol):
     """A population that serves as a routed portfolio (the ecology): at the finish the loop
     chooses a routing map (family -> member) on the selection split and evaluates it."""
 
@@ -175,21 +199,6 @@ class PortfolioStrategy(Protocol):
 
     def details(self, state: Any) -> dict[str, Any]:
         """Numbers for the summary's details."""
-
-
-def is_portfolio(strategy: Any) -> bool:
-    return callable(getattr(strategy, "members", None))
-
-
-def is_gradient(strategy: Any) -> bool:
-    return callable(getattr(strategy, "improve", None))
-
-
-def trains_on_driver(strategy: Any) -> bool:
-    """Gradient strategies, and population strategies that refine by gradient (memetic GA, the
-    ecology under plasticity=sft: `refines` is true and `refine(state, generation, context) ->
-    Told | None` follows each tell)."""
-    return is_gradient(strategy) or bool(getattr(strategy, "refines", False))
 
 
 def materialise(strategy: Strategy | None, payload: Any, spec: Any) -> Tensors | None:

@@ -7,6 +7,10 @@ A strategy registers itself from its own folder (or from a user's module):
                        validate=check_es, center="mean")
     class EvolutionStrategy: ...          # ask/tell (protocol.Strategy), run by the shared loop
 
+Its kind (protocol.KINDS: population, the default; portfolio, full_weight, gradient) says which
+typed protocol it implements and so which phases the loop runs; `refines=True` declares that
+its config may ask for gradient refinement after each tell (protocol.RefiningStrategy).
+
 A strategy that runs a whole job itself (PBT on Ray Tune) names its runner instead, as
 "module:function", so that registering it imports no Ray:
 
@@ -25,6 +29,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable, TypeVar
 
 from evora.errors import ConfigError
+from evora.strategies.protocol import GRADIENT, JOB, KINDS, POPULATION
 
 ENTRY_POINT_GROUP = "evora.strategies"
 T = TypeVar("T")
@@ -41,6 +46,23 @@ class StrategyEntry:
     center: str | None = None  # what the final adapter is called in the run folder (mean, elite)
     report_keys: tuple[str, ...] = ()  # config keys the run report shows
     console_keys: tuple[tuple[str, str], ...] = ()  # (metrics key, label) added to each generation line
+    kind: str = POPULATION  # protocol.KINDS: which protocol the strategy implements, which phases run it
+    refines: bool = False  # a protocol.RefiningStrategy: its config may refine by gradient after each tell
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise TypeError(f"strategy {self.name}: kind={self.kind!r}; one of {', '.join(KINDS)}")
+        if (self.kind == JOB) != (self.runner is not None):
+            raise TypeError(f"strategy {self.name}: a runner, and only a runner, makes kind={JOB!r}")
+
+    def trains_on_driver(self, strategy: Any) -> bool:
+        """Whether the loop builds a TrainingContext: gradient strategies, and refining ones
+        whose config refines."""
+        return self.kind == GRADIENT or (self.refines and strategy.refines)
+
+    def keeps_texts(self, strategy: Any) -> bool:
+        """Whether evaluation returns the candidates' completions to `tell`."""
+        return self.refines and strategy.keeps_texts
 
     def build(self, cfg: Any, run_seed: int) -> Any:
         if self.strategy is None:
@@ -70,6 +92,7 @@ def register_strategy(
         return strategy
 
     if runner is not None:
+        fields.setdefault("kind", JOB)
         add(None)
     return add
 

@@ -19,7 +19,7 @@ from evora.lora.layout import AdapterLayout, build_layout
 from evora.lora.modules import adaptable_modules
 from evora.strategies.eggroll import EggrollConfig, EggrollStrategy
 from evora.strategies.es import ESConfig, EvolutionStrategy
-from evora.strategies.full_weights import matrix_name
+from evora.strategies.full_weights import matrix_name, transposed_matrices
 from evora.strategies.protocol import StrategyContext, fitness_results
 from evora.tasks.addition import heldout_pairs, prompt_of
 
@@ -50,7 +50,8 @@ def eggroll_weights(layout: AdapterLayout, path: str) -> dict[str, torch.Tensor]
     """Every projection's weight after two EGGROLL updates under arbitrary fitness."""
     eggroll = EggrollStrategy(EggrollConfig(population=8, sigma=0.05, lr=0.02, optimizer="adam"), run_seed=0)
     state = eggroll.initial_state(StrategyContext(0, layout, path))
-    master = eggroll.start_master(read_weights(path, [matrix_name(slot.name) for slot in layout.modules]))
+    names = [matrix_name(slot.name) for slot in layout.modules]
+    master = eggroll.start_master(read_weights(path, names), transposed_matrices(layout))  # GPT-2: [in, out]
     for generation in range(2):
         specs, _ = eggroll.ask(state, generation)
         fitness = np.random.default_rng(generation).normal(size=len(specs))

@@ -2,14 +2,29 @@
 composes; a user's strategy is found by import path and composed like a built-in one."""
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
+from typing import Generic, Protocol
 
 import pytest
 
 from evora.config.compose import CONF_DIR, compose_run, group_options
 from evora.errors import ConfigError
 from evora.strategies import entries, get_strategy, register_strategy, strategy_names
+from evora.strategies.full_weights import FullWeightStrategy
+from evora.strategies.protocol import (
+    FULL_WEIGHT,
+    GRADIENT,
+    JOB,
+    KINDS,
+    POPULATION,
+    PORTFOLIO,
+    GradientStrategy,
+    PortfolioStrategy,
+    RefiningStrategy,
+    Strategy,
+)
 
 STRATEGIES_DIR = Path(__file__).resolve().parents[2] / "evora" / "strategies"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -72,3 +87,62 @@ def test_a_user_strategy_composes_by_import_path_like_a_built_in(examples_on_pat
     assert str(error.value) == "strategy.scale=-1.0: must be > 0"
     with pytest.raises(ConfigError, match="strategy.sigma: unknown key"):
         compose_run(["strategy.name=mypkg.strategies:RandomSearch", "strategy.sigma=0.1"])
+
+
+# The members each kind's protocol declares (protocol.py, full_weights.py), read from the protocols.
+def protocol_members(protocol: type) -> set[str]:
+    return {
+        name
+        for klass in protocol.__mro__
+        if klass not in (object, Protocol, Generic) and getattr(klass, "_is_protocol", False)
+        for name in vars(klass)
+        if not name.startswith("_")
+    }
+
+
+KIND_PROTOCOLS = {
+    POPULATION: Strategy,
+    PORTFOLIO: PortfolioStrategy,
+    FULL_WEIGHT: FullWeightStrategy,
+    GRADIENT: GradientStrategy,
+}
+
+
+def test_every_built_in_strategy_implements_the_protocol_of_its_declared_kind():
+    built_in = [e for e in entries() if e.config.__module__.startswith("evora.")]
+    assert {e.kind for e in built_in} == set(KINDS)
+    for entry in built_in:
+        if entry.kind == JOB:
+            assert entry.runner is not None and entry.strategy is None
+            continue
+        wanted = protocol_members(KIND_PROTOCOLS[entry.kind]) | (
+            protocol_members(RefiningStrategy) if entry.refines else set()
+        )
+        missing = {name for name in wanted if not hasattr(entry.strategy, name)}
+        assert not missing, f"{entry.name} ({entry.kind}) lacks {missing}"
+
+
+def test_a_kind_must_be_one_the_loop_knows_and_only_a_runner_makes_a_job():
+    @dataclasses.dataclass(frozen=True)
+    class OddConfig:
+        name: str = "odd"
+
+    with pytest.raises(TypeError, match="kind='swarm'"):
+        register_strategy("odd", config=OddConfig, summary="odd", kind="swarm")(object)
+    with pytest.raises(TypeError, match="only a runner"):
+        register_strategy("odd", config=OddConfig, summary="odd", kind=JOB)(object)
+    assert "odd" not in strategy_names()
+
+
+PROBE = re.compile(r"(getattr|hasattr|callable\(getattr)\((self\.)?strategy(_cfg)?\b")
+
+
+def test_nothing_probes_a_strategy_for_attributes():
+    sources = Path(__file__).resolve().parents[2] / "evora"
+    probes = [
+        f"{path.relative_to(sources)}:{number}"
+        for path in sorted(sources.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if PROBE.search(line)
+    ]
+    assert probes == []

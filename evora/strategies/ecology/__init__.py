@@ -3,11 +3,14 @@ family, learning within, by selection and by merging (Evolora)."""
 
 from evora.strategies.ecology.config import EcologyConfig, check_ecology
 from evora.strategies.ecology.strategy import Ecology, EcologyPayload, EcologyState, EcoSpec
+from evora.strategies.protocol import PORTFOLIO
 from evora.strategies.registry import register_strategy
 
 register_strategy(
     "ecology",
     config=EcologyConfig,
+    kind=PORTFOLIO,
+    refines=True,
     summary="an ecology of LoRA organelles: energy economy, per-family routing, merging, QD archive",
     validate=check_ecology,
     center="best_organelle",

@@ -2,11 +2,13 @@
 
 from evora.strategies.eggroll.config import EggrollConfig, check_eggroll
 from evora.strategies.eggroll.strategy import EggrollPayload, EggrollState, EggrollStrategy, WeightUpdate
+from evora.strategies.protocol import FULL_WEIGHT
 from evora.strategies.registry import register_strategy
 
 register_strategy(
     "eggroll",
     config=EggrollConfig,
+    kind=FULL_WEIGHT,
     summary="full-weight ES with rank-r perturbations evaluated as multi-LoRA batches (EGGROLL)",
     validate=check_eggroll,
     center="delta",  # adapters/delta: the final weights' update as a LoRA (model/ holds them whole)

@@ -62,8 +62,7 @@ class WeightUpdate:
 
 
 class EggrollStrategy:
-    state_type = EggrollState
-    moves_base_weights = True  # the loop syncs the engines' weights after each tell (distributed/full_weights.py)
+    state_type = EggrollState  # kind=full_weight: the loop syncs the engines' weights after each tell
 
     def __init__(self, cfg: EggrollConfig, run_seed: int):
         self.cfg = cfg

@@ -8,6 +8,7 @@ from evora.strategies.registry import register_strategy
 register_strategy(
     "ga",
     config=GAConfig,
+    refines=True,
     summary="genetic algorithm over the LoRA tensors (elitism, crossover, mutation)",
     validate=check_ga,
     center="elite",

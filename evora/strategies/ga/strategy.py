@@ -110,6 +110,10 @@ class GeneticAlgorithm:
         """Memetic: the loop gives it a TrainingContext and calls `refine` after each tell."""
         return self.cfg.refine != "none"
 
+    @property
+    def keeps_texts(self) -> bool:
+        return False  # refinement trains on reference answers, not on the candidates' completions
+
     def refine(self, state: GAState, generation: int, context: TrainingContext) -> Told | None:
         return refine_elite(self.cfg, self.run_seed, state, generation, context)
 

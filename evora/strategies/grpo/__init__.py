@@ -4,11 +4,13 @@ budget or matched to another run (`strategy.match=<run dir>`)."""
 
 from evora.strategies.grpo.config import GRPOConfig, check_grpo
 from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization
+from evora.strategies.protocol import GRADIENT
 from evora.strategies.registry import register_strategy
 
 register_strategy(
     "grpo",
     config=GRPOConfig,
+    kind=GRADIENT,
     summary="GRPO with a LoRA adapter through TRL's GRPOTrainer (a baseline; budgets, match=<run>)",
     validate=check_grpo,
     center="trained",

@@ -2,6 +2,7 @@
 on the same contract (held-out every eval_every, selection, best-vs-base), optionally to a
 compute budget or matched to another run (`strategy.match=<run dir>`)."""
 
+from evora.strategies.protocol import GRADIENT
 from evora.strategies.registry import register_strategy
 from evora.strategies.sft.config import SFTConfig, check_sft
 from evora.strategies.sft.strategy import SupervisedFineTuning
@@ -9,6 +10,7 @@ from evora.strategies.sft.strategy import SupervisedFineTuning
 register_strategy(
     "sft",
     config=SFTConfig,
+    kind=GRADIENT,
     summary="LoRA supervised fine-tuning on the reference answers (a baseline; budgets, match=<run>)",
     validate=check_sft,
     center="trained",
