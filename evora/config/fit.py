@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from evora.config.schema import VLLM_LORA_RANKS, RunConfig
+from evora.config.schema import RunConfig, vllm_lora_rank
+from evora.models.memory import GIB, estimate
 from evora.strategies import get_strategy
 from evora.strategies.checks import fail
 from evora.strategies.protocol import FULL_WEIGHT
@@ -13,8 +14,6 @@ from evora.strategies.protocol import FULL_WEIGHT
 
 def plan_memory(run: RunConfig, modules: Any, layout: Any) -> Any:
     """One worker's memory estimate for the run (evora/models/memory.py)."""
-    from evora.models.memory import estimate
-
     entry = get_strategy(run.strategy.name)
     moves = entry.kind == FULL_WEIGHT
     strategy = entry.build(run.strategy, run.seed) if moves else None
@@ -24,7 +23,7 @@ def plan_memory(run: RunConfig, modules: Any, layout: Any) -> Any:
         config=modules.config,
         layout=layout,
         dtype=run.model.dtype,
-        max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= rank),
+        max_lora_rank=vllm_lora_rank(rank),
         max_loras=run.engine.max_loras,
         max_num_seqs=run.engine.max_num_seqs,
         max_model_len=run.model.max_model_len,
@@ -41,7 +40,7 @@ def device_memory(run: RunConfig) -> tuple[str, int | None]:
     if hardware.gpus_per_worker == 0:
         return "this host's RAM", psutil.virtual_memory().total
     if hardware.gpu_memory_gib is not None:
-        return "one GPU (hardware.gpu_memory_gib)", int(hardware.gpu_memory_gib * 2**30)
+        return "one GPU (hardware.gpu_memory_gib)", int(hardware.gpu_memory_gib * GIB)
     import torch
 
     if torch.cuda.is_available():
@@ -57,7 +56,7 @@ def memory_need(run: RunConfig, memory: Any) -> tuple[int, int]:
         need = memory.to_start() if vllm else memory.weights + memory.lora_slots
         return need, int((hardware.gpu_memory_utilization if vllm else 1.0) * (total or 0))
     workers = hardware.num_workers or 1
-    kv = hardware.kv_cache_gib * 2**30 if vllm else 0
+    kv = hardware.kv_cache_gib * GIB if vllm else 0
     return workers * (memory.weights + memory.lora_slots + kv + memory.master), total or 0
 
 
@@ -65,20 +64,19 @@ def check_fits(run: RunConfig, memory: Any) -> None:
     need, budget = memory_need(run, memory)
     if not budget or need <= budget:
         return
-    gib = 2**30
-    parts = f"weights {memory.weights / gib:.2f}, LoRA slots {memory.lora_slots / gib:.2f}"
+    parts = f"weights {memory.weights / GIB:.2f}, LoRA slots {memory.lora_slots / GIB:.2f}"
     if run.hardware.gpus_per_worker > 0:
         raise fail(
             "engine.max_loras",
             run.engine.max_loras,
-            f"a worker needs {need / gib:.1f} GiB to start ({parts}, one {run.model.max_model_len}-token sequence "
-            f"{memory.kv_per_sequence / gib:.2f}) but has {budget / gib:.1f} GiB (hardware.gpu_memory_utilization of "
+            f"a worker needs {need / GIB:.1f} GiB to start ({parts}, one {run.model.max_model_len}-token sequence "
+            f"{memory.kv_per_sequence / GIB:.2f}) but has {budget / GIB:.1f} GiB (hardware.gpu_memory_utilization of "
             "its GPU); lower engine.max_loras or model.max_model_len, or raise hardware.tensor_parallel_size",
         )
     raise fail(
         "hardware.num_workers",
         run.hardware.num_workers,
-        f"the workers need {need / gib:.1f} GiB ({parts}, KV cache and master copies per worker) and this host "
-        f"has {budget / gib:.1f} GiB; lower hardware.num_workers, engine.max_loras or hardware.kv_cache_gib, "
+        f"the workers need {need / GIB:.1f} GiB ({parts}, KV cache and master copies per worker) and this host "
+        f"has {budget / GIB:.1f} GiB; lower hardware.num_workers, engine.max_loras or hardware.kv_cache_gib, "
         "or use model.dtype=bfloat16",
     )

@@ -15,6 +15,11 @@ from typing import Any, Optional
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+def vllm_lora_rank(rank: int) -> int:
+    """vLLM's max_lora_rank for adapters of `rank`: the smallest value vLLM allows that holds it."""
+    return min(r for r in VLLM_LORA_RANKS if r >= rank)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "tiny"

@@ -21,7 +21,7 @@ import numpy as np
 import psutil
 import torch
 
-from evora.config.schema import VLLM_LORA_RANKS, RunConfig, TaskConfig
+from evora.config.schema import RunConfig, TaskConfig, vllm_lora_rank
 from evora.engines import AdapterRef, Completion, EngineSpec, create_engine
 from evora.engines.adapter_store import AdapterScratch
 from evora.errors import RunError
@@ -123,8 +123,7 @@ def host_lora_slots(run: RunConfig) -> int:
 
 
 def engine_rank(layout: AdapterLayout) -> int:
-    """vLLM's max_lora_rank for a layout: the smallest value vLLM allows that holds its rank."""
-    return min(r for r in VLLM_LORA_RANKS if r >= layout.rank)
+    return vllm_lora_rank(layout.rank)
 
 
 def adapter_dtype(model_dtype: str, model_path: str) -> str:

@@ -31,9 +31,6 @@ class MemoryEstimate:
         """Device bytes an engine needs to start: weights, LoRA slots, one full-length sequence."""
         return self.weights + self.lora_slots + self.kv_per_sequence
 
-    def at_full_batch(self) -> int:
-        return self.weights + self.lora_slots + self.kv_full
-
 
 def dtype_of(config: Any, dtype: str) -> str:
     if dtype != "auto":
@@ -43,13 +40,11 @@ def dtype_of(config: Any, dtype: str) -> str:
 
 
 def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
-    text = getattr(config, "get_text_config", lambda: config)()
-    layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer")
-    heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head")
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    hidden = getattr(text, "hidden_size", None) or getattr(text, "n_embd")
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
+    text = config.get_text_config()  # the standard names resolve through each config's attribute_map (GPT-2's n_head)
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads  # absent: multi-head attention
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype_bytes
 
 
 def estimate(
