@@ -22,7 +22,7 @@ from evora.distributed.ray_session import init_ray
 from evora.distributed.worker import worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import ConfigError
-from evora.lora.layout import AdapterLayout, build_layout
+from evora.lora.layout import Adaptable, AdapterLayout, build_layout
 from evora.lora.modules import adaptable_modules
 from evora.lora.peft_io import layout_of_adapter, load_adapter_tensors
 from evora.models import locate_model
@@ -33,7 +33,7 @@ from evora.tracking.compute import Spend
 from evora.tracking.run_dir import run_tag
 
 
-def _model_shapes(run: RunConfig) -> tuple[str, dict[str, tuple[int, int]]]:
+def _model_shapes(run: RunConfig) -> tuple[str, dict[str, Adaptable]]:
     location = locate_model(run.model.path)
     shapes = adaptable_modules(
         location.path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
@@ -88,7 +88,7 @@ def run_evaluation(run: RunConfig, adapter: str | None, compare: bool, split: st
         )
 
 
-def members_layout(portfolio: RoutingFile, shapes: dict[str, tuple[int, int]]) -> AdapterLayout:
+def members_layout(portfolio: RoutingFile, shapes: dict[str, Adaptable]) -> AdapterLayout:
     """The one layout every member has (one worker pool serves them all); ConfigError naming the
     routing file otherwise."""
     layouts = {}

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from evora.lora.layout import AdapterLayout
+from evora.lora.layout import Adaptable, AdapterLayout
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -72,7 +72,7 @@ def read_adapter_config(directory: str | os.PathLike) -> dict:
 
 
 def layout_of_adapter(
-    directory: str | os.PathLike, linear_shapes: dict[str, tuple[int, int]], key: str = "adapter"
+    directory: str | os.PathLike, modules: dict[str, Adaptable], key: str = "adapter"
 ) -> AdapterLayout:
     """The layout a PEFT adapter folder describes, checked against its tensors."""
     from safetensors import safe_open
@@ -88,7 +88,7 @@ def layout_of_adapter(
     if isinstance(targets, str):
         raise ConfigError(f'{key}="{directory}": target_modules given as a regex is not supported; list the modules')
     layout = build_layout(
-        linear_shapes,
+        modules,
         rank=config["r"],
         alpha=config["lora_alpha"],
         target_modules=targets,
