@@ -1,5 +1,5 @@
 # make run   the quickstart: evolve a LoRA for the bundled tiny model (CPU, offline, minutes)
-# make test  lint (ruff) and the whole test suite (unit, integration, end-to-end runs through the CLI)
+# make test  lint (ruff), type-check (mypy) and the whole test suite (unit, integration, end-to-end runs through the CLI)
 # make bench population-evaluation throughput table (bench/throughput.py)
 #
 # Both create .venv on first use and reuse it afterwards; set-up re-runs only when
@@ -38,10 +38,11 @@ run: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python bench/throughput.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) runs outputs .pytest_cache
+	rm -rf $(VENV) runs outputs .pytest_cache .mypy_cache

@@ -108,8 +108,9 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="evora config overrides (the quickstart's by default)")
     args = parser.parse_args()
 
-    from evora.config.compose import compose_run, setup
     from evora.distributed.launch import launch
+    from evora.plan.compose import compose_run, setup
+    from evora.plan.run_plan import build_plan
     from evora.tracking.run_dir import run_tag
 
     setup()
@@ -127,7 +128,7 @@ def main() -> None:
             print(f"generation {event['generation']}: {json.dumps(samples[-1])}", file=sys.stderr)
 
     started = time.time()
-    launch(run, str(run_dir), on_event)
+    launch(build_plan(run), str(run_dir), on_event)
     table = report(samples, args.warmup)
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {

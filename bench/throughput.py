@@ -177,11 +177,11 @@ def interleaved(paths: dict, repeats: int) -> tuple[dict[str, float], dict[str, 
 
 
 def start_worker(model: str, args: argparse.Namespace, workload: Workload) -> Any:
-    from evora.config.compose import compose_run
     from evora.distributed.worker import EngineWorker, engine_rank, worker_spec
     from evora.engines.environment import engine_environment
     from evora.lora.layout import build_layout
     from evora.lora.modules import adaptable_modules
+    from evora.plan.compose import compose_run
 
     run = compose_run(overrides(model, args, workload))
     layout = build_layout(

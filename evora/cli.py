@@ -24,9 +24,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from evora.config.compose import CONF_DIR, preflight, resolve_strategy_overrides, setup, to_run_config
-from evora.config.validate import validate
 from evora.errors import EvoraError
+from evora.plan.compose import CONF_DIR, resolve_strategy_overrides, setup, to_run_config
+from evora.plan.jobs import job_plan, preflight
 from evora.strategies import get_strategy
 from evora.tracking.sweep import with_sweep_tracking
 
@@ -99,16 +99,13 @@ def _interrupted(error: BaseException, run_dir: Path) -> NoReturn:
 
 
 def run_job(cfg: DictConfig) -> dict[str, Any]:
-    """One job: validated config -> driver on Ray -> final summary."""
+    """One job: its run plan (the preflight's) -> driver on Ray -> final summary."""
     try:
-        run = with_sweep_tracking(to_run_config(cfg))
-        validate(run)
-        if run.resume is not None:
-            from evora.config.overlay import resumed_run_config
-
-            run = resumed_run_config(run, list(HydraConfig.get().overrides.task))
+        plan = job_plan(to_run_config(cfg), list(HydraConfig.get().overrides.task), validated=False)
+        plan = plan.with_run(with_sweep_tracking(plan.run))
     except EvoraError as error:
         _die(error)
+    run = plan.run
     from evora.distributed.launch import launch
     from evora.runs import run_lock
     from evora.tracking.progress import ConsoleProgress
@@ -119,7 +116,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         # run.lock tells `evora runs` this folder is live (and keeps `runs clean` off it).
         extra = get_strategy(run.strategy.name).console_keys
         with run_lock(run_dir), ConsoleProgress(enabled=run.tracking.progress, extra=extra) as progress:
-            return launch(run, str(run_dir), _checked(progress.handle))
+            return launch(plan, str(run_dir), _checked(progress.handle))
     except (KeyboardInterrupt, Terminated) as error:
         _interrupted(error, run_dir)
     except Exception as error:
@@ -132,7 +129,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
 def _interrupt_in(error: BaseException) -> BaseException | None:
     """An interrupt that reached us wrapped: raised by the signal handler inside one of Ray's
     Cython calls, it comes back as a SystemError whose cause is the interrupt."""
-    seen = error
+    seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, (KeyboardInterrupt, Terminated)):
             return seen
@@ -176,9 +173,9 @@ def eval_main(argv: list[str]) -> None:
     with the defaults. A routing.json is evaluated as its routed portfolio."""
     from datetime import datetime
 
-    from evora.config.compose import compose_run
-    from evora.config.overlay import overlay, saved_run_config
     from evora.errors import ConfigError
+    from evora.plan.compose import compose_run
+    from evora.plan.overlay import overlay, saved_run_config
 
     options = {k: v for k, _, v in (a.partition("=") for a in argv) if k in EVAL_OPTIONS}
     overrides = [a for a in argv if a.partition("=")[0] not in EVAL_OPTIONS]
@@ -202,8 +199,12 @@ def eval_main(argv: list[str]) -> None:
         )
         from evora.distributed.eval_job import run_evaluation, run_portfolio_evaluation
 
-        evaluate = run_portfolio_evaluation if routed else run_evaluation
-        report = evaluate(run, adapter, compare == "true", split, out)
+        plan = job_plan(run, overrides)
+        if routed:
+            assert adapter is not None
+            report = run_portfolio_evaluation(plan, adapter, compare == "true", split, out)
+        else:
+            report = run_evaluation(plan, adapter, compare == "true", split, out)
     except EvoraError as error:
         _die(error)
     _print_eval(report)

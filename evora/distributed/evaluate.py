@@ -98,31 +98,48 @@ def evaluate_split(
             rewards=np.concatenate([r.rewards[row] for r in results]),
             correct=np.concatenate([r.correct[row] for r in results]),
             tokens=np.concatenate([r.tokens[row] for r in results]),
-            perplexity=np.concatenate([r.perplexity[row] for r in results]) if perplexity else None,
-            texts=[t for r in results for t in r.texts[row]] if keep_texts else None,
-            kl=np.concatenate([r.kl[row] for r in results]) if kl else None,
+            perplexity=np.concatenate([rows_of(r.perplexity, row) for r in results]) if perplexity else None,
+            texts=[t for r in results for t in rows_of(r.texts, row)] if keep_texts else None,
+            kl=np.concatenate([rows_of(r.kl, row) for r in results]) if kl else None,
         )
     return outcomes
 
 
-def candidate_matrices(results: list[UnitResult], population: int) -> dict[str, np.ndarray | None]:
-    """rewards, correct, tokens, perplexity: [candidate, prompt] in population order."""
+@dataclass(frozen=True)
+class CandidateMatrices:
+    """A generation's [candidate, prompt] matrices in population order."""
+
+    rewards: np.ndarray
+    correct: np.ndarray
+    tokens: np.ndarray
+    perplexity: np.ndarray | None  # when every unit scored perplexity
+    evaluated: np.ndarray | None  # [candidate, prompt] bool when candidates were routed to prompts; None: all
+
+
+def candidate_matrices(results: list[UnitResult], population: int) -> CandidateMatrices:
     order = [(index, result, row) for result in results for row, index in enumerate(result.indices)]
     order.sort(key=lambda item: item[0])
     if [index for index, _, _ in order] != list(range(population)):
         raise RuntimeError("a generation's results do not cover its population exactly once")
-    stack = {
-        name: np.stack([getattr(r, name)[row] for _, r, row in order]) for name in ("rewards", "correct", "tokens")
-    }
-    with_ppl = all(r.perplexity is not None for r in results)
-    stack["perplexity"] = np.stack([r.perplexity[row] for _, r, row in order]) if with_ppl else None
+    perplexities = [r.perplexity[row] for _, r, row in order if r.perplexity is not None]
     routed = any(r.evaluated is not None for r in results)
-    stack["evaluated"] = (
-        np.stack([r.evaluated[row] if r.evaluated is not None else np.ones_like(r.correct[row]) for _, r, row in order])
-        if routed
-        else None
+    return CandidateMatrices(
+        rewards=np.stack([r.rewards[row] for _, r, row in order]),
+        correct=np.stack([r.correct[row] for _, r, row in order]),
+        tokens=np.stack([r.tokens[row] for _, r, row in order]),
+        perplexity=np.stack(perplexities) if len(perplexities) == len(order) else None,
+        evaluated=np.stack([evaluated_row(r, row) for _, r, row in order]) if routed else None,
     )
-    return stack
+
+
+def evaluated_row(result: UnitResult, row: int) -> np.ndarray:
+    return result.evaluated[row] if result.evaluated is not None else np.ones_like(result.correct[row])
+
+
+def rows_of(values: list[Any] | np.ndarray | None, row: int) -> Any:
+    """One row of a result's optional matrix (perplexity, KL, texts) that the unit asked for."""
+    assert values is not None, "the work unit asked for it"
+    return values[row]
 
 
 def candidate_texts(results: list[UnitResult], population: int) -> list[list[str]]:

@@ -10,12 +10,11 @@ from typing import Any, Callable
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from evora.config.schema import RunConfig
-from evora.distributed.driver import Driver
+from evora.distributed.driver import Driver, PlanRef
 from evora.distributed.ray_session import NAMESPACE, init_ray, started_here
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import EvoraError
-from evora.strategies import get_strategy
+from evora.plan.run_plan import RunPlan
 from evora.tracking.run_dir import run_tag
 
 __all__ = ["NAMESPACE", "driver_name", "launch"]
@@ -25,16 +24,19 @@ def driver_name(run_dir: str) -> str:
     return f"evora-driver-{run_tag(run_dir)}"
 
 
-def launch(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def launch(plan: RunPlan, run_dir: str, on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run the job to its end; returns the final event."""
-    runner = get_strategy(run.strategy.name).run_function()
+    run = plan.run
+    runner = plan.entry.run_function()
     if runner is not None:
-        return runner(run, run_dir, on_event)
+        return runner(plan, run_dir, on_event)
     init_ray(run)
     here = ray.get_runtime_context().get_node_id()
     # A killed driver is restarted by Ray (max_restarts); calling `run` again resumes it from
-    # its last checkpoint, so the trajectory is the one an uninterrupted run takes.
-    driver = (
+    # its last checkpoint, so the trajectory is the one an uninterrupted run takes. The plan (its
+    # task splits can be large) goes by a reference this process owns, so a restart finds it.
+    plan_ref = ray.put(plan)
+    driver: Any = (  # an actor handle
         ray.remote(Driver)
         .options(
             num_cpus=run.hardware.driver_cpus,
@@ -43,7 +45,7 @@ def launch(run: RunConfig, run_dir: str, on_event: Callable[[dict[str, Any]], No
             name=driver_name(run_dir),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
         )
-        .remote(run, run_dir)
+        .remote(PlanRef(plan_ref), run_dir)
     )
     restarts = 0
     try:

@@ -61,7 +61,9 @@ class WorkerPool:
         """Named workers (`name_prefix`-i) can be found with `ray list actors`, and by tests."""
         placement = worker_placement(spec, hardware, name_prefix)
         remote_worker = ray.remote(EngineWorker)
-        actors = [remote_worker.options(**options).remote(spec, i) for i, options in enumerate(placement.options)]
+        actors: list[Any] = [  # actor handles
+            remote_worker.options(**options).remote(spec, i) for i, options in enumerate(placement.options)
+        ]
         infos = ray.get([a.info.remote() for a in actors])
         return cls(actors, infos, placement, spec, hardware.worker_replacements)
 
@@ -147,7 +149,7 @@ class WorkerPool:
         if "name" in options:
             options["name"] = f"{options['name'].rsplit('-', 1)[0]}-{index}"
         self.placement.options.append(options)
-        actor = ray.remote(EngineWorker).options(**options).remote(self.spec, index)
+        actor: Any = ray.remote(EngineWorker).options(**options).remote(self.spec, index)  # an actor handle
         self.actors.append(actor)
         self.infos.append({})
         self.starting[actor.info.remote()] = index

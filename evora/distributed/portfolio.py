@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 import ray
 
-from evora.distributed.evaluate import EVAL_CHUNK, chunks, spend_of
+from evora.distributed.evaluate import EVAL_CHUNK, chunks, rows_of, spend_of
 from evora.distributed.pool import WorkerPool
 from evora.distributed.worker import WorkUnit
 from evora.errors import ConfigError
@@ -111,7 +111,7 @@ def evaluate_members(
             out["tokens"][index, columns] = result.tokens[row]
             out["evaluated"][index, columns] = mask
             if keep_texts:
-                out["texts"][index, columns] = result.texts[row]
+                out["texts"][index, columns] = rows_of(result.texts, row)
     return out
 
 
@@ -213,7 +213,7 @@ def write_routing(
     shutil.rmtree(folder, ignore_errors=True)  # a resumed run's finish: members that died since are not exported
     for member_id, adapter in zip(ids, members):
         save_adapter(folder / member_id, adapter, layout)
-    document = {"routing": routing, "adapters": {i: f"adapters/organelles/{i}" for i in ids}}
+    document: dict[str, Any] = {"routing": routing, "adapters": {i: f"adapters/organelles/{i}" for i in ids}}
     if scores:
         document["selection_scores"] = scores
     (run_dir / ROUTING_FILE).write_text(json.dumps(document, indent=2) + "\n")

@@ -9,13 +9,10 @@ from typing import Callable
 
 import ray
 
-from evora.config.schema import RunConfig
 from evora.distributed.worker import engine_spec, load_tokenizer
-from evora.lora.layout import AdapterLayout
+from evora.plan.run_plan import RunPlan
 from evora.strategies.budget import Budget
 from evora.strategies.protocol import TrainingContext
-from evora.tasks import build_task
-from evora.tasks.base import Splits
 from evora.tasks.prompts import PromptRenderer
 from evora.tasks.reward_pool import Scorer, reward_scorer
 
@@ -23,19 +20,14 @@ UNPLANNED_STEPS = 10**9  # a budget ends the run: schedules see no end (constant
 
 
 def training_context(
-    run: RunConfig,
-    model_path: str,
-    layout: AdapterLayout,
-    splits: Splits,
-    budget: Budget | None,
-    spent: Callable[[dict[str, int]], bool],
+    plan: RunPlan, budget: Budget | None, spent: Callable[[dict[str, int]], bool]
 ) -> tuple[TrainingContext, Scorer]:
     """The context, and the reward scorer behind it (the caller closes it)."""
-    task = build_task(run.task, run.seed)
+    run, task, model_path = plan.run, plan.task, plan.model_path
     tokenizer = load_tokenizer(engine_spec(run, model_path))
     renderer = PromptRenderer(tokenizer, run.task.prompt_format, task.plain_template, run.task.system_prompt)
     scorer = reward_scorer(task, run.task, run.seed)
-    train = splits.train
+    train = plan.splits.train
 
     def rewards(completions: list[str], indices: list[int]) -> list[float]:
         return scorer.score(completions, [train[i] for i in indices]).rewards
@@ -44,7 +36,7 @@ def training_context(
     steps = getattr(run.strategy, "steps_per_generation", 1)
     context = TrainingContext(
         seed=run.seed,
-        layout=layout,
+        layout=plan.layout,
         model_path=model_path,
         train=train,
         prompt_text=renderer.text,

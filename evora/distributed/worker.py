@@ -29,7 +29,7 @@ from evora.lora import Tensors
 from evora.lora.base_weights import read_weights
 from evora.lora.layout import AdapterLayout
 from evora.strategies import get_strategy
-from evora.strategies.full_weights import MasterWeights, matrix_name, transposed_matrices
+from evora.strategies.full_weights import FullWeightStrategy, MasterWeights, matrix_name, transposed_matrices
 from evora.strategies.protocol import materialise, prompts_of
 from evora.tasks import build_task
 from evora.tasks.fitness import perplexity
@@ -255,12 +255,7 @@ class EngineWorker:
         generated = time.perf_counter()
         scores = self.rewards.score([c.text for c in completions], [examples[c] for _, c in cells])  # all at once
         scored = time.perf_counter()
-        ppl, tokens_scored = None, 0
-        if unit.perplexity:
-            targets = [self.renderer.target_ids(e) for e in examples]
-            logprobs = self.engine.score(pairs_prompts, [targets[c] for _, c in cells], pairs_adapters)
-            ppl = scatter(mask, [perplexity(lp) for lp in logprobs], np.nan)
-            tokens_scored = sum(len(prompts[c]) + len(targets[c]) for _, c in cells)
+        ppl, tokens_scored = self.perplexities(unit, examples, prompts, cells, pairs_adapters, mask)
         perplexity_done = time.perf_counter()
         kl, tokens_kl = self.kl_to_base(pairs_prompts, completions, pairs_adapters) if unit.kl else (None, 0)
         loaded = [r for r in refs if r is not None]
@@ -289,6 +284,24 @@ class EngineWorker:
             texts=text_rows(mask, [c.text for c in completions]) if unit.keep_texts else None,
             evaluated=None if mask.all() else mask,
         )
+
+    def perplexities(
+        self,
+        unit: WorkUnit,
+        examples: list[Any],
+        prompts: list[list[int]],
+        cells: list[tuple[int, int]],
+        adapters: list[AdapterRef | None],
+        mask: np.ndarray,
+    ) -> tuple[np.ndarray | None, int]:
+        """Perplexity of the reference completions under each cell's adapter (when the unit asks
+        for it), and the tokens that scoring ran."""
+        if not unit.perplexity:
+            return None, 0
+        targets = [self.renderer.target_ids(e) for e in examples]
+        logprobs = self.engine.score([prompts[c] for _, c in cells], [targets[c] for _, c in cells], adapters)
+        tokens = sum(len(prompts[c]) + len(targets[c]) for _, c in cells)
+        return scatter(mask, [perplexity(lp) for lp in logprobs], np.nan), tokens
 
     def kl_to_base(
         self, prompts: list[list[int]], completions: list[Completion], adapters: list[AdapterRef | None]
@@ -323,7 +336,7 @@ class EngineWorker:
         norm = 0.0
         pending = updates[master.generation - snapshot_generation :]
         for update in pending:
-            norm = self.strategy.apply(master, update)
+            norm = self._full_weight().apply(master, update)
         if master is not self.master or pending:
             self.master = master
             self.engine.set_base_weights(master.tensors)
@@ -342,12 +355,16 @@ class EngineWorker:
             "seconds": time.perf_counter() - started,
         }
 
+    def _full_weight(self) -> FullWeightStrategy:
+        assert self.strategy is not None, "a full-weight run's workers build its strategy"
+        return self.strategy
+
     def _master_at(self, snapshot: Tensors | None, generation: int) -> MasterWeights:
         transposed = transposed_matrices(self.layout)
         if snapshot is not None:
             return MasterWeights.from_snapshot(snapshot, generation, transposed)
         names = [matrix_name(slot.name) for slot in self.layout.modules]
-        return self.strategy.start_master(read_weights(self.model, names, self.revision), transposed)
+        return self._full_weight().start_master(read_weights(self.model, names, self.revision), transposed)
 
     def master_weights(self) -> Tensors:
         """The master copies (and optimizer moments), for a snapshot or the export."""

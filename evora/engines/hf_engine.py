@@ -8,11 +8,15 @@ completion position."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence, TypeVar, cast
 
 import torch
 
 from evora.engines.base import AdapterRef, Completion, EngineSpec, per_request
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 T = TypeVar("T")
@@ -58,27 +62,29 @@ class HFEngine:
             AutoModelForCausalLM.from_pretrained(
                 spec.model, revision=spec.revision, dtype=DTYPES[spec.dtype], trust_remote_code=spec.trust_remote_code
             )
-            .to(self.device)
+            # PreTrainedModel.to is decorated with functools.wraps, whose typeshed type (_Wrapped) has
+            # no __get__: mypy calls it unbound and takes the device for `self`.
+            .to(self.device)  # type: ignore[arg-type]  # functools.wraps'd method: mypy does not bind self
             .eval()
         )
         # The PeftModel around self.model once an adapter was loaded: it loads, activates and
         # deletes adapters; forward and generate run on self.model, whose injected LoRA layers
         # follow set_adapter (PeftModel's own forward fails once every adapter is deleted).
-        self.peft = None
+        self.peft: PeftModel | None = None
 
     def _by_adapter(self, adapters: Sequence[AdapterRef | None], run: Callable[[list[int]], list[T]]) -> list[T]:
         """Run `run` on the indices of each adapter's requests, one adapter at a time, in chunks."""
         groups: dict[AdapterRef | None, list[int]] = {}
         for i, adapter in enumerate(adapters):
             groups.setdefault(adapter, []).append(i)
-        results: list[T | None] = [None] * len(adapters)
+        results: dict[int, T] = {}
         for adapter, indices in groups.items():
             with self._active(adapter):
                 for start in range(0, len(indices), self.spec.max_num_seqs):
                     chunk = indices[start : start + self.spec.max_num_seqs]
                     for i, result in zip(chunk, run(chunk)):
                         results[i] = result
-        return results  # type: ignore[return-value]
+        return [results[i] for i in range(len(adapters))]
 
     def generate(
         self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int | Sequence[int]
@@ -134,7 +140,9 @@ class HFEngine:
         rows = [row[:limit] for row, limit in zip(out[:, ids.shape[1] :].tolist(), limits)]
         if not self.spec.ignore_eos:
             rows = [self._until_eos(row) for row in rows]
-        return [Completion(self.tokenizer.decode(row, skip_special_tokens=True), len(row), tuple(row)) for row in rows]
+        # decode: str | list[str]; one row of ids decodes to one string.
+        texts = [cast(str, self.tokenizer.decode(row, skip_special_tokens=True)) for row in rows]
+        return [Completion(text, len(row), tuple(row)) for text, row in zip(texts, rows)]
 
     def _until_eos(self, row: list[int]) -> list[int]:
         eos = self.tokenizer.eos_token_id
@@ -188,7 +196,8 @@ class HFEngine:
         if not self.peft.peft_config:
             # With no adapter left, PEFT (0.21) still names the deleted one active, and loading the
             # next adapter of a model it converts (MoE experts) fails on it: unwrap instead.
-            self.model, self.peft = self.peft.unload(), None
+            # unload returns the wrapped base model (typed torch.nn.Module): self.model itself.
+            self.model, self.peft = cast("PreTrainedModel", self.peft.unload()), None
 
     def _base_parameter(self, name: str) -> torch.nn.Parameter:
         """A base weight by checkpoint name, also once PEFT has wrapped its module (base_layer)."""

@@ -72,6 +72,10 @@ class StepGroups:
         return self.slots, self.lora_ids, dtype
 
 
+# (num_rows, slots, lora_ids): the first three fields of a StepGroups.
+Named = tuple[int, tuple[int, ...], tuple["int | None", ...]]
+
+
 def step_groups(indices: torch.Tensor, slot_ids: list[int | None]) -> StepGroups | None:
     """Group the rows of a step by their adapter slot (`indices`, -1: none); None when no row has one."""
     indices = indices.to("cpu", torch.long)
@@ -82,7 +86,7 @@ def step_groups(indices: torch.Tensor, slot_ids: list[int | None]) -> StepGroups
     slots = sorted({s for s in run_slots if s >= 0})
     if not slots:
         return None
-    named = (indices.numel(), tuple(slots), tuple(slot_ids[s] for s in slots))
+    named: Named = (indices.numel(), tuple(slots), tuple(slot_ids[s] for s in slots))
     with_adapter = [(n, s) for n, s in zip(run_counts, run_slots) if s >= 0]
     if sum(n for n, _ in with_adapter) >= LOOP_ROWS * len(with_adapter):  # long runs: in place
         ends = torch.cumsum(counts, 0).tolist()
@@ -91,7 +95,7 @@ def step_groups(indices: torch.Tensor, slot_ids: list[int | None]) -> StepGroups
     return _gathered(indices, named)
 
 
-def _gathered(indices: torch.Tensor, named: tuple) -> StepGroups:
+def _gathered(indices: torch.Tensor, named: Named) -> StepGroups:
     """Rows gathered by slot: padded to one length, or (long groups) as they are."""
     order = torch.argsort(indices, stable=True)
     order = order[indices[order] >= 0]
@@ -178,7 +182,9 @@ def grouped_lora_linear(
         out.index_add_(0, groups.gather, products)
 
 
-def _run_by_run(out: torch.Tensor, inputs: torch.Tensor, groups: StepGroups, weights: GroupedWeights, scale: float):
+def _run_by_run(
+    out: torch.Tensor, inputs: torch.Tensor, groups: StepGroups, weights: GroupedWeights, scale: float
+) -> None:
     """Long runs into y's rows in place; or gathered groups into a buffer added back at their rows."""
 
     def shrunk(start: int, end: int, group: int) -> torch.Tensor:
@@ -223,12 +229,27 @@ def lora_products(
     return out
 
 
-def bgmv_shrink(inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling=1.0):
+# The signatures of vLLM's torch ops (vllm/lora/ops/torch_ops/lora_ops.py), which these replace.
+
+
+def bgmv_shrink(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    scaling: float = 1.0,
+) -> None:
     outputs = lora_products(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     output_tensor[:, : outputs.shape[1]] = scaling * outputs
 
 
-def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs=True):
+def bgmv_expand(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    add_inputs: bool = True,
+) -> None:
     outputs = lora_products(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     limit = 1 if outputs.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
     common = min(outputs.shape[1], output_tensor.shape[1])  # adapter and model may pad differently
@@ -239,8 +260,14 @@ def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_
 
 
 def bgmv_expand_slice(
-    inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs=True
-):
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = True,
+) -> None:
     outputs = lora_products(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     if add_inputs:
         output_tensor[:, slice_offset : slice_offset + slice_size] += outputs
@@ -248,54 +275,54 @@ def bgmv_expand_slice(
         output_tensor[:, slice_offset : slice_offset + slice_size] = outputs
 
 
-def _per_token(lora_indices_tensor, seq_len_tensor):
+def _per_token(lora_indices_tensor: torch.Tensor, seq_len_tensor: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
 
 
 def sgmv_shrink(
-    inputs,
-    lora_a_weights,
-    output_tensor,
-    b_seq_start_loc,
-    seq_len_tensor,
-    lora_indices_tensor,
-    batches,
-    max_seq_length,
-    token_nums,
-    scaling,
-):
+    inputs: torch.Tensor,
+    lora_a_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    b_seq_start_loc: torch.Tensor,
+    seq_len_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    batches: int,
+    max_seq_length: int,
+    token_nums: int,
+    scaling: float,
+) -> None:
     bgmv_shrink(inputs, lora_a_weights, output_tensor, _per_token(lora_indices_tensor, seq_len_tensor), scaling)
 
 
 def sgmv_expand(
-    inputs,
-    lora_b_weights,
-    output_tensor,
-    b_seq_start_loc,
-    seq_len_tensor,
-    lora_indices_tensor,
-    batches,
-    max_seq_length,
-    token_nums,
-    add_inputs=False,
-):
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    b_seq_start_loc: torch.Tensor,
+    seq_len_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    batches: int,
+    max_seq_length: int,
+    token_nums: int,
+    add_inputs: bool = False,
+) -> None:
     bgmv_expand(inputs, lora_b_weights, output_tensor, _per_token(lora_indices_tensor, seq_len_tensor), add_inputs)
 
 
 def sgmv_expand_slice(
-    inputs,
-    lora_b_weights,
-    output_tensor,
-    b_seq_start_loc,
-    seq_len_tensor,
-    lora_indices_tensor,
-    batches,
-    max_seq_length,
-    token_nums,
-    slice_offset,
-    slice_size,
-    add_inputs=False,
-):
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    b_seq_start_loc: torch.Tensor,
+    seq_len_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    batches: int,
+    max_seq_length: int,
+    token_nums: int,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = False,
+) -> None:
     bgmv_expand_slice(
         inputs,
         lora_b_weights,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import torch
 
@@ -101,7 +101,7 @@ class VLLMEngine:
         from vllm import LLM
 
         check_vllm()
-        args = dict(
+        args: dict[str, Any] = dict(
             model=spec.model,
             tokenizer=spec.tokenizer or spec.model,
             revision=spec.revision,
@@ -130,9 +130,16 @@ class VLLMEngine:
         self.llm = LLM(**args)
 
     def _run(self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], params: Any) -> list:
+        from vllm.inputs import TokensPrompt
+
         requests = [None if a is None else lora_request(a) for a in adapters]
         return self.llm.generate(
-            [{"prompt_token_ids": list(p)} for p in prompts], params, lora_request=requests, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            params,
+            # None entries (base-model requests) are accepted (LLM._lora_request_to_seq), though
+            # LLM.generate's annotation is Sequence[LoRARequest].
+            lora_request=cast(Any, requests),
+            use_tqdm=False,
         )
 
     def generate(
@@ -156,7 +163,7 @@ class VLLMEngine:
     ) -> list[Completion]:
         """vLLM's own CPU LoRA ops apply the last slot's adapter to base-model rows of a mixed
         batch (see vllm_cpu_lora); without the replacement, base requests run on their own."""
-        results: list[Completion | None] = [None] * len(prompts)
+        results: dict[int, Completion] = {}
         for wanted in (True, False):
             indices = [i for i, a in enumerate(adapters) if (a is None) == wanted]
             if indices:
@@ -164,7 +171,7 @@ class VLLMEngine:
                 outputs = self._run([prompts[i] for i in indices], [adapters[i] for i in indices], subset)
                 for i, o in zip(indices, outputs):
                     results[i] = completion(o)
-        return results  # type: ignore[return-value]
+        return [results[i] for i in range(len(prompts))]
 
     def _one_adapter_per_call(
         self, sequences: Sequence[list[int]], adapters: Sequence[AdapterRef | None], params: Any

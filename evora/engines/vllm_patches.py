@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import Any, Literal, cast
+
+import torch
 
 from evora.engines import vllm_cpu_lora
 
@@ -61,14 +63,27 @@ def _group_linear_layers(wrapper: Any) -> None:
     """Wrap the punica wrapper: group the rows once per metadata update, batch every linear layer."""
     update_metadata, add_lora_linear = wrapper.update_metadata, wrapper.add_lora_linear
 
-    def grouped_update_metadata(self, mapping, lora_index_to_id, max_loras, vocab_size, **kwargs):
+    # PunicaWrapperCPU's signatures; self: the wrapper instance.
+    def grouped_update_metadata(
+        self: Any, mapping: Any, lora_index_to_id: list[int | None], max_loras: int, vocab_size: int, **kwargs: Any
+    ) -> None:
         update_metadata(self, mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
         # vLLM recomputes its metadata whenever the batch's mapping or the slots' adapters change.
         self._evora_groups = vllm_cpu_lora.step_groups(self.token_lora_indices, list(lora_index_to_id))
         self._evora_weights = getattr(self, "_evora_weights", {})
 
-    def grouped_add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kwargs):
-        groups = getattr(self, "_evora_groups", False)
+    def grouped_add_lora_linear(
+        self: Any,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: tuple[torch.Tensor, ...],
+        lora_b_stacked: tuple[torch.Tensor, ...],
+        scale: float,
+        output_slices: tuple[int, ...],
+        **kwargs: Any,
+    ) -> None:
+        # Set by grouped_update_metadata; False before the first update (vLLM's own op runs).
+        groups = cast("vllm_cpu_lora.StepGroups | Literal[False] | None", getattr(self, "_evora_groups", False))
         if groups is None:
             return None  # no row of this step has an adapter
         if groups is False or not _fits(groups, y, x, lora_a_stacked, output_slices):
@@ -97,7 +112,7 @@ def install_memory_adapters() -> bool:
         return True
     load_from_folder = WorkerLoRAManager._load_adapter
 
-    def load_adapter(self, lora_request):
+    def load_adapter(self: Any, lora_request: Any) -> Any:
         tensors = getattr(lora_request, "evora_tensors", None)
         if tensors is None:
             return load_from_folder(self, lora_request)
@@ -122,8 +137,8 @@ def install_memory_adapters() -> bool:
             getattr(self._adapter_manager, check)(lora)  # as vLLM's folder loader does
         return lora
 
-    WorkerLoRAManager._load_adapter = load_adapter
-    WorkerLoRAManager._evora_memory = True
+    setattr(WorkerLoRAManager, "_load_adapter", load_adapter)  # (a method mypy would not let us assign)
+    setattr(WorkerLoRAManager, "_evora_memory", True)
     return True
 
 

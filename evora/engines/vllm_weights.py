@@ -19,11 +19,14 @@ the internals it uses is installed.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
 from evora.engines.vllm_patches import WRITTEN_FOR
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 EXTENSION = "evora.engines.vllm_weights.BaseWeightsExtension"
 
@@ -42,6 +45,12 @@ def check_vllm() -> None:
 
 class BaseWeightsExtension:
     """Mixed into vLLM's worker class by `worker_extension_cls`; called via `collective_rpc`."""
+
+    # The vLLM worker's, which this class is mixed into (annotations only: no class attributes).
+    vllm_config: VllmConfig
+    model_runner: Any
+    # CPU: the dense weight of each touched layer, by module path (_evora_dense).
+    _evora_dense_copies: dict[str, torch.Tensor]
 
     def evora_set_base_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         touched: dict[str, Any] = {}

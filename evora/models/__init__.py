@@ -54,7 +54,8 @@ def hub_access(spec: str, key: str = "model.path") -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        causes, cause = [], error
+        causes: list[BaseException] = []
+        cause: BaseException | None = error
         while cause is not None:
             causes.append(cause)
             cause = cause.__cause__ or cause.__context__

@@ -17,8 +17,10 @@ from typing import Any, Callable
 from evora.models import BUNDLED_DIR
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-COMMON = dict(vocab_size=472, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-DECODER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, max_position_embeddings=512, **COMMON)
+COMMON: dict[str, Any] = dict(vocab_size=472, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+DECODER: dict[str, Any] = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, max_position_embeddings=512, **COMMON
+)
 
 
 def _llama() -> Any:
@@ -66,15 +68,17 @@ def _gpt2() -> Any:  # transformers' Conv1D layers, weights stored [in, out]
 def _qwen3_moe() -> Any:  # 4 experts, 2 per token, fused 3-D expert weights in transformers 5
     from transformers import Qwen3MoeConfig
 
+    # head_dim is missing from Qwen3MoeConfig's signature (transformers 5), yet the config takes and keeps it.
+    undeclared: dict[str, Any] = dict(head_dim=32)
     return Qwen3MoeConfig(
         num_attention_heads=2,
         num_key_value_heads=1,
-        head_dim=32,
         moe_intermediate_size=32,
         num_experts=4,
         num_experts_per_tok=2,
         decoder_sparse_step=1,
         mlp_only_layers=[],
+        **undeclared,
         **DECODER,
     )
 

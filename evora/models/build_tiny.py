@@ -22,12 +22,17 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from evora.models import BUNDLED_DIR
 from evora.tasks.addition import heldout_pairs, prompt_of, training_pairs
 from evora.tasks.countdown import countdown_prompt, generate_problem
+
+if TYPE_CHECKING:
+    from tokenizers.pre_tokenizers import PreTokenizer
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>"]
 PAD, BOS, EOS = 0, 1, 2
@@ -62,7 +67,7 @@ def countdown_sample(rng: random.Random) -> tuple[str, str]:
     )
 
 
-def train_tokenizer(rng: random.Random):
+def train_tokenizer(rng: random.Random) -> PreTrainedTokenizerFast:
     from tokenizers import pre_tokenizers
 
     pairs = training_pairs()
@@ -77,7 +82,7 @@ def train_tokenizer(rng: random.Random):
     )
 
 
-def bpe_tokenizer(corpus: list[str], vocab_size: int, pre_tokenizer):
+def bpe_tokenizer(corpus: list[str], vocab_size: int, pre_tokenizer: PreTokenizer) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer of `vocab_size` trained on `corpus` after `pre_tokenizer`, with
     evora's special tokens and BOS on every encoded text (shared with build_tiny_mix)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -103,7 +108,7 @@ def bpe_tokenizer(corpus: list[str], vocab_size: int, pre_tokenizer):
     )
 
 
-def build_model(vocab_size: int):
+def build_model(vocab_size: int) -> LlamaForCausalLM:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -122,7 +127,7 @@ def build_model(vocab_size: int):
     return LlamaForCausalLM(config)
 
 
-def batch_of(tokenizer, samples: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_of(tokenizer: PreTrainedTokenizerBase, samples: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids and labels; the loss covers the completion and its EOS only."""
     rows = []
     for prompt, completion in samples:
@@ -138,7 +143,7 @@ def batch_of(tokenizer, samples: list[tuple[str, str]]) -> tuple[torch.Tensor, t
     return ids, labels
 
 
-def pretrain(model, tokenizer, rng: random.Random, steps: int) -> None:
+def pretrain(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, rng: random.Random, steps: int) -> None:
     pairs = training_pairs()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps, pct_start=0.15)
@@ -162,13 +167,13 @@ def pretrain(model, tokenizer, rng: random.Random, steps: int) -> None:
 
 
 @torch.no_grad()
-def heldout_breakdown(model, tokenizer, n: int = 400) -> dict[str, float]:
+def heldout_breakdown(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, n: int = 400) -> dict[str, float]:
     """Greedy answers on held-out sums: exact (the task's reward) and first-number accuracy."""
     pairs = random.Random(1).sample(heldout_pairs(), n)
     prompts = [tokenizer(prompt_of(a, b)).input_ids for a, b in pairs]
     width = max(map(len, prompts))
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
-    out = model.generate(
+    out = model.generate(  # type: ignore[misc]  # transformers types its self as a Protocol mypy rejects
         input_ids=ids,
         attention_mask=(ids != PAD).long(),
         max_new_tokens=8,
@@ -178,7 +183,7 @@ def heldout_breakdown(model, tokenizer, n: int = 400) -> dict[str, float]:
     )[:, width:]
     exact = first = 0
     for (a, b), row in zip(pairs, out.tolist()):
-        text = tokenizer.decode(row[: row.index(EOS)] if EOS in row else row)
+        text = cast(str, tokenizer.decode(row[: row.index(EOS)] if EOS in row else row))  # one row: one str
         exact += text.strip() == str(a + b)
         first += text.split(" ")[0] == str(a + b)
     return {"exact": exact / n, "first_number": first / n}

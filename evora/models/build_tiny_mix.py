@@ -26,7 +26,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, cast
 
 import torch
 
@@ -35,6 +35,9 @@ from evora.models.build_tiny import EOS, PAD, _portable_tokenizer_class, batch_o
 from evora.tasks import addition
 from evora.tasks.families import FAMILIES
 from evora.tasks.rewards.exact import exact_answer
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 VOCAB_SIZE = 320
 STEPS = 4000
@@ -93,7 +96,11 @@ def sources() -> list[Source]:
     def answer(name: str) -> Callable[..., str]:
         return lambda *item: FAMILIES[name].example_of(*item).answer
 
-    stops = {"difference": difference_stop, "reversal": reversal_stop, "letter_count": letter_count_stop}
+    stops: dict[str, Callable[..., float]] = {
+        "difference": difference_stop,
+        "reversal": reversal_stop,
+        "letter_count": letter_count_stop,
+    }
     weights = {"difference": 1.0, "reversal": 0.6, "letter_count": 1.0}  # reversal is learnt first
     mix = [
         Source(
@@ -146,7 +153,7 @@ def mixed_samples(rng: random.Random, mix: list[Source], n: int) -> list[Sample]
     return [packed_sample(rng, source) for source in chosen]
 
 
-def length_batches(rng: random.Random, tokenizer, mix: list[Source]) -> Iterator[list[Sample]]:
+def length_batches(rng: random.Random, tokenizer: PreTrainedTokenizerBase, mix: list[Source]) -> Iterator[list[Sample]]:
     """Endless batches of samples of about the same length, in random order."""
     while True:
         pool = mixed_samples(rng, mix, BATCH * BUCKET)
@@ -156,7 +163,7 @@ def length_batches(rng: random.Random, tokenizer, mix: list[Source]) -> Iterator
         yield from batches
 
 
-def training_batch(tokenizer, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+def training_batch(tokenizer: PreTrainedTokenizerBase, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
     """`build_tiny.batch_of`, less the EOS label of texts cut short: an EOS there would make
     stopping after an answer look likelier than the stop probabilities say."""
     ids, labels = batch_of(tokenizer, [(sample.prompt, sample.completion) for sample in samples])
@@ -167,7 +174,7 @@ def training_batch(tokenizer, samples: list[Sample]) -> tuple[torch.Tensor, torc
     return ids, labels
 
 
-def train_tokenizer(rng: random.Random, mix: list[Source]):
+def train_tokenizer(rng: random.Random, mix: list[Source]) -> PreTrainedTokenizerFast:
     from tokenizers import Regex, pre_tokenizers
 
     corpus = [sample.prompt + sample.completion for sample in mixed_samples(rng, mix, 8000)]
@@ -188,7 +195,7 @@ def train_tokenizer(rng: random.Random, mix: list[Source]):
     )
 
 
-def batch_gradients(model, ids: torch.Tensor, labels: torch.Tensor) -> float:
+def batch_gradients(model: LlamaForCausalLM, ids: torch.Tensor, labels: torch.Tensor) -> float:
     """Gradients of the batch's summed token loss over a fixed divisor, clipped. A per-batch
     mean would weigh the tokens of short batches (length buckets: mostly texts that stop at
     once) far above the others; the clipping still does so a little (see STOP_FIRST)."""
@@ -201,7 +208,9 @@ def batch_gradients(model, ids: torch.Tensor, labels: torch.Tensor) -> float:
     return loss.item() / LOSS_TOKENS
 
 
-def pretrain(model, tokenizer, rng: random.Random, mix: list[Source], steps: int) -> None:
+def pretrain(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, rng: random.Random, mix: list[Source], steps: int
+) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=LEARNING_RATE, total_steps=steps, pct_start=0.15)
     model.train()
@@ -218,12 +227,14 @@ def pretrain(model, tokenizer, rng: random.Random, mix: list[Source], steps: int
 
 
 @torch.no_grad()
-def greedy_completions(model, tokenizer, prompts: list[str], max_new_tokens: int = 8) -> list[str]:
+def greedy_completions(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_new_tokens: int = 8
+) -> list[str]:
     """Greedy completions, cut at EOS, of a left-padded batch."""
     encoded = [tokenizer(p).input_ids for p in prompts]
     width = max(map(len, encoded))
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in encoded])
-    out = model.generate(
+    out = model.generate(  # type: ignore[misc]  # transformers types its self as a Protocol mypy rejects
         input_ids=ids,
         attention_mask=(ids != PAD).long(),
         max_new_tokens=max_new_tokens,
@@ -231,10 +242,13 @@ def greedy_completions(model, tokenizer, prompts: list[str], max_new_tokens: int
         pad_token_id=PAD,
         eos_token_id=EOS,
     )[:, width:]
-    return [tokenizer.decode(row[: row.index(EOS)] if EOS in row else row) for row in out.tolist()]
+    # decode: str | list[str]; one row of ids decodes to one string.
+    return [cast(str, tokenizer.decode(row[: row.index(EOS)] if EOS in row else row)) for row in out.tolist()]
 
 
-def heldout_breakdown(model, tokenizer, mix: list[Source], n: int = HELDOUT_SAMPLE) -> dict[str, dict[str, float]]:
+def heldout_breakdown(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, mix: list[Source], n: int = HELDOUT_SAMPLE
+) -> dict[str, dict[str, float]]:
     """Per family, greedy answers on held-out items: exact (the task's reward) and first-answer accuracy."""
     breakdown = {}
     for source in mix:

@@ -45,7 +45,7 @@ class MasterWeights:
         for group in (self.tensors, self.adam_m or {}, self.adam_v or {}):
             for name in sorted(group):
                 digest.update(name.encode())
-                digest.update(group[name].contiguous().view(torch.uint8).numpy())  # no copy
+                digest.update(group[name].contiguous().view(torch.uint8).numpy().data)  # no copy
         return digest.hexdigest()
 
     def finite(self) -> bool:

@@ -29,6 +29,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable, TypeVar
 
 from evora.errors import ConfigError
+from evora.strategies.analysis_hooks import NO_ANALYSIS, Analysis
 from evora.strategies.protocol import GRADIENT, JOB, KINDS, POPULATION
 
 ENTRY_POINT_GROUP = "evora.strategies"
@@ -48,6 +49,10 @@ class StrategyEntry:
     console_keys: tuple[tuple[str, str], ...] = ()  # (metrics key, label) added to each generation line
     kind: str = POPULATION  # protocol.KINDS: which protocol the strategy implements, which phases run it
     refines: bool = False  # a protocol.RefiningStrategy: its config may refine by gradient after each tell
+    # Figures, report sections, findings and compare table the analysis adds for the strategy's runs:
+    # an analysis_hooks.Analysis, or "module:attribute" naming one (imported only when a run is analysed,
+    # so registering imports no matplotlib). evora.analysis names no strategy; it asks analysis_hooks().
+    analysis: Analysis | str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -68,6 +73,13 @@ class StrategyEntry:
         if self.strategy is None:
             raise ConfigError(f"strategy={self.name}: runs as its own job, it has no ask/tell strategy")
         return self.strategy(cfg, run_seed)
+
+    def analysis_hooks(self) -> Analysis:
+        """The strategy's analysis hooks (no hooks: an empty Analysis)."""
+        if isinstance(self.analysis, str):
+            module, _, attribute = self.analysis.partition(":")
+            return getattr(importlib.import_module(module), attribute)
+        return self.analysis or NO_ANALYSIS
 
     def run_function(self) -> Callable[..., Any] | None:
         if self.runner is None:

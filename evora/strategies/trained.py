@@ -25,7 +25,7 @@ class TrainedState:
 class TrainedAdapter:
     """Base of a gradient strategy: subclasses name `init_salt` and build their trainer."""
 
-    state_type = TrainedState
+    state_type: ClassVar[type] = TrainedState
     init_salt: ClassVar[str]
 
     def __init__(self, cfg: Any, run_seed: int):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
@@ -42,9 +42,16 @@ class Splits:
 
 
 class Task(Protocol):
-    name: ClassVar[str]
-    reward_range: ClassVar[tuple[float, float]]
-    plain_template: ClassVar[str]  # how a prompt reads without a chat template; "{prompt}" by default
+    # Read-only properties: class attributes of most tasks, set per instance by CustomReward and MixTask.
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def reward_range(self) -> tuple[float, float]: ...
+
+    @property
+    def plain_template(self) -> str | Mapping[str, str]:
+        """How a prompt reads without a chat template ("{prompt}" by default); task=mix: one per family."""
 
     def __init__(self, cfg: TaskConfig, seed: int) -> None: ...
 
@@ -59,16 +66,24 @@ class Task(Protocol):
 
 
 _TASKS: dict[str, type] = {}
+_HUB_DATA: set[str] = set()  # tasks whose data comes from the hub unless task.data_path is set
 
 
-def register_task(name: str) -> Callable[[type], type]:
+def register_task(name: str, hub_data: bool = False) -> Callable[[type], type]:
     def add(cls: type) -> type:
-        cls.name = name
-        cls.plain_template = getattr(cls, "plain_template", "{prompt}")
+        setattr(cls, "name", name)
+        setattr(cls, "plain_template", getattr(cls, "plain_template", "{prompt}"))
         _TASKS[name] = cls
+        if hub_data:
+            _HUB_DATA.add(name)
         return cls
 
     return add
+
+
+def reads_hub_data(cfg: TaskConfig) -> bool:
+    """Whether building the task downloads its data (a hub dataset, not a local file)."""
+    return cfg.data_path is None and (cfg.name in _HUB_DATA or (cfg.dataset is not None and ":" not in cfg.name))
 
 
 def registered_tasks() -> tuple[str, ...]:

@@ -20,7 +20,8 @@ def _line_of(text: str, offset: int) -> int:
 
 
 def _json_array(text: str, path: str) -> list[Located]:
-    decoder, records = json.JSONDecoder(), []
+    decoder = json.JSONDecoder()
+    records: list[Located] = []
     at = text.index("[") + 1
     while True:
         while at < len(text) and text[at] in " \t\r\n,":

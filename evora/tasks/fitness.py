@@ -54,11 +54,13 @@ class FitnessExpression:
             if isinstance(node, ast.Expression):
                 return visit(node.body)
             if isinstance(node, ast.Constant):
+                assert isinstance(node.value, (int, float)), "parse_fitness lets only numbers through"
                 return float(node.value)
             if isinstance(node, ast.Name):
                 return float(metrics[node.id])
             if isinstance(node, ast.UnaryOp):
                 return -visit(node.operand) if isinstance(node.op, ast.USub) else visit(node.operand)
+            assert isinstance(node, ast.BinOp), "parse_fitness lets no other node through"
             return _OPS[type(node.op)](visit(node.left), visit(node.right))
 
         return visit(self.tree)

@@ -30,7 +30,7 @@ def example_of(record: dict[str, Any], where: str) -> Example:
     return Example(str(record["question"]) + INSTRUCTION, final, target=str(record["answer"]))
 
 
-@register_task("gsm8k")
+@register_task("gsm8k", hub_data=True)
 class GSM8KTask:
     name: ClassVar[str]
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)

@@ -102,13 +102,14 @@ class JsonlTask:
     def __init__(self, cfg: TaskConfig, seed: int):
         if cfg.data_path is None:
             raise ConfigError("task.data_path=null: task=jsonl needs a JSONL, JSON or parquet file")
+        self.data_path: str = cfg.data_path
         self.cfg = cfg
         self.seed = seed
         self.score = SCORERS[cfg.scorer]
 
     def splits(self) -> Splits:
         cfg = self.cfg
-        examples = examples_of(cfg, read_records(cfg.data_path))
+        examples = examples_of(cfg, read_records(self.data_path))
         if not cfg.heldout_families:
             return split_examples(examples, cfg, self.seed, SALT)
         check_heldout_families(cfg, {e.family for e in examples} - {""})

@@ -69,7 +69,7 @@ def check_mix(cfg: TaskConfig) -> None:
 @register_task("mix")
 class MixTask:
     name: ClassVar[str]
-    reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)  # per instance: the families' widest
+    reward_range: tuple[float, float] = (0.0, 1.0)  # per instance: the families' widest
     check = staticmethod(check_mix)  # config validation calls it before Ray
 
     def __init__(self, cfg: TaskConfig, seed: int):

@@ -34,7 +34,7 @@ def example_of(record: dict[str, Any], where: str) -> Example:
     return Example(prompt, answer, {"category": record.get("category", "")}, target=f"The answer is ({answer}).")
 
 
-@register_task("mmlu_pro")
+@register_task("mmlu_pro", hub_data=True)
 class MMLUProTask:
     name: ClassVar[str]
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)

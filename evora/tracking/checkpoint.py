@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -53,6 +53,12 @@ FORMAT = "evora-checkpoint"
 VERSION = 3  # 3: typed strategy state (state_fields of the strategy's state dataclass) + loop state
 
 
+class VersionedState(Protocol):
+    """A strategy's state dataclass: its layout version is checked on resume."""
+
+    STATE_VERSION: ClassVar[int]
+
+
 def run_state(strategy: str, state: Any, state_fields: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint holds: format and versions (checked on load), the strategy's state, the loop's."""
     return {
@@ -66,7 +72,7 @@ def run_state(strategy: str, state: Any, state_fields: dict[str, Any], loop: dic
     }
 
 
-def load_run_state(path: Path, strategy: str, state_type: type) -> dict[str, Any]:
+def load_run_state(path: Path, strategy: str, state_type: type[VersionedState]) -> dict[str, Any]:
     """A checkpoint written by this evora for this strategy; one-line ConfigError otherwise."""
     try:
         saved = load(path)

@@ -8,7 +8,7 @@ import math
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Literal, Protocol, cast
 
 from evora.tracking.run_dir import METRICS_FILE, TRIALS_FILE
 
@@ -90,7 +90,8 @@ class WandbSink:
             entity=entity,
             group=group,
             name=name,
-            mode=mode,
+            # one of wandb's modes: plan/validate.py checks tracking.wandb_mode (a str in the schema)
+            mode=cast(Literal["online", "offline", "disabled"], mode),
             id=run_id,
             resume="allow",
             dir=str(run_dir),

@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 
 def _fmt(value: float | None) -> str:
@@ -25,6 +33,15 @@ def generation_line(s: dict[str, Any], extra: tuple[tuple[str, str], ...] = ()) 
     )
     speed = f"  {s['tokens_per_second']:,.0f} tok/s" if "tokens_per_second" in s else ""
     return f"gen {s['generation']:>4}{of}{population}{heldout}{own}  {s['seconds']:.1f}s{speed}"
+
+
+def members_report(start: dict[str, Any]) -> bool:
+    """Whether the run's members report themselves. The start event's optional `population` is part
+    of its contract: a strategy that runs its own job (a registry `runner`) and trains its members
+    as trials of its own names how many there are; each prints its own line as it finishes, out of
+    generation order, so the console draws no generation bar. The shared loop's start event has no
+    `population`: its generations report through `generation_line`."""
+    return start.get("population") is not None
 
 
 def pool_line(change: dict[str, Any]) -> str:
@@ -87,7 +104,7 @@ class ConsoleProgress:
             disable=not enabled,
             transient=True,
         )
-        self.task = None
+        self.task: TaskID | None = None  # the generation bar (none while members report themselves)
 
     def __enter__(self) -> "ConsoleProgress":
         self.progress.__enter__()
@@ -104,7 +121,8 @@ class ConsoleProgress:
             for change in event.get("pool_events", ()):
                 self.console.print(pool_line(change))
             self.console.print(generation_line(event, self.extra))
-            self.progress.update(self.task, completed=event["generation"])
+            if self.task is not None:
+                self.progress.update(self.task, completed=event["generation"])
         elif kind == "final":
             for line in final_lines(event):
                 self.console.print(line)
@@ -117,7 +135,7 @@ class ConsoleProgress:
     def _start(self, event: dict[str, Any]) -> None:
         resumed = f", resumed at generation {event['start']}" if event["resumed"] else ""
         parts = [f"strategy {event['strategy']}", f"{event['workers']} engine worker(s)"]
-        if event.get("population") is not None:
+        if event.get("population") is not None:  # a job's members, see members_report
             parts.append(f"{event['population']} members")
         if event.get("adapter_parameters") is not None:
             parts.append(f"{event['adapter_parameters']:,} adapter parameters")
@@ -130,5 +148,5 @@ class ConsoleProgress:
             + f", set-up {event['setup_seconds']:.0f}s{resumed}"
             + (f"; held-out reward of the base model {_fmt(base)}" if base is not None else "")
         )
-        if event.get("population") is None:  # PBT members print their own lines (trials finish out of order)
+        if not members_report(event):
             self.task = self.progress.add_task("generations", total=event["generations"], completed=event["start"])

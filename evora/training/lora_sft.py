@@ -6,6 +6,10 @@ of all steps then linear decay, batch size and gradient accumulation from config
 bf16 autocast on GPUs that have it. `state()` and the constructor's `adapter`,
 `optimizer_state` and `step` make it resumable from a checkpoint; the optimizer state is
 dropped when the adapter's shape changed (another rank or other modules).
+
+The LoRA comes as a typed `LoraSpec` (the one `LoraGRPO` takes) and the peak learning rate
+in `TrainSettings`: PBT converts Tune's dict encoding of a member to these at the Tune
+boundary (`evora/jobs/pbt/trial.py`).
 """
 
 from __future__ import annotations
@@ -19,23 +23,25 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.noise import noise_key
+from evora.training.lora_spec import LoraSpec
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, target ids)
 
 
 @dataclass(frozen=True)
 class TrainSettings:
+    learning_rate: float  # the peak of the warm-up and decay schedule
     batch_size: int
     gradient_accumulation: int
     weight_decay: float
     max_grad_norm: float
     warmup_ratio: float
     total_steps: int
-    layers: tuple[int, ...] | None
     seed: int
 
 
-def lr_at(step: int, peak: float, settings: TrainSettings) -> float:
+def lr_at(step: int, settings: TrainSettings) -> float:
+    peak = settings.learning_rate
     warmup = max(1, int(settings.warmup_ratio * settings.total_steps))
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -61,7 +67,7 @@ class LoraSFT:
     def __init__(
         self,
         model_path: str,
-        hyperparameters: dict[str, Any],
+        lora: LoraSpec,
         settings: TrainSettings,
         pairs: list[Pair],
         pad_id: int,
@@ -70,31 +76,21 @@ class LoraSFT:
         step: int = 0,
         device: str = "cpu",
     ):
-        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+        from peft import get_peft_model, set_peft_model_state_dict
         from transformers import AutoModelForCausalLM
 
-        self.hp, self.settings, self.pairs, self.pad_id, self.step = hyperparameters, settings, pairs, pad_id, step
+        self.lora, self.settings, self.pairs, self.pad_id, self.step = lora, settings, pairs, pad_id, step
         self.tokens_trained = 0  # real (unpadded) tokens through forward and backward, for compute accounting
         self.device = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")
-        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
-        rank = hyperparameters["rank"]
-        config = LoraConfig(
-            r=rank,
-            lora_alpha=rank * hyperparameters["alpha_multiplier"],
-            lora_dropout=hyperparameters["dropout"],
-            target_modules=hyperparameters["target_modules"].split(","),
-            layers_to_transform=list(settings.layers) if settings.layers else None,
-            task_type="CAUSAL_LM",
-        )
+        base: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        base = base.to(self.device)
         with torch.random.fork_rng(devices=[]):  # a fresh adapter's A init is seeded: members are reproducible
             torch.manual_seed(noise_key(settings.seed, "sft-init"))
-            self.model = get_peft_model(base, config)
+            self.model = get_peft_model(base, lora.peft_config())
         if adapter is not None:
             set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in adapter.items()})
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=hyperparameters["learning_rate"], weight_decay=settings.weight_decay
-        )
+        self.optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
         if optimizer_state is not None and self._fits(optimizer_state):
             self.optimizer.load_state_dict(optimizer_state)
 
@@ -113,7 +109,7 @@ class LoraSFT:
         self.model.train()
         losses = []
         for _ in range(steps):
-            lr = lr_at(self.step, self.hp["learning_rate"], self.settings)
+            lr = lr_at(self.step, self.settings)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             rng = random.Random(noise_key(self.settings.seed, "sft-batch", self.step))

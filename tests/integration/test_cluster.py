@@ -24,10 +24,10 @@ from ray.util.state import list_actors
 from safetensors.torch import load_file
 
 from conftest import ROOT, SMALL, cli_run, evora_cmd, only_run_dir, run_evora
-from evora.config.compose import compose_run
 from evora.distributed.launch import NAMESPACE, driver_name
 from evora.distributed.placement import place_workers, worker_count
 from evora.errors import ConfigError
+from evora.plan.compose import compose_run
 from evora.tracking.metrics import read_metrics
 from evora.tracking.run_dir import run_tag
 
@@ -355,7 +355,7 @@ def assert_no_secrets(folder: Path) -> None:
 
 LISTENERS = textwrap.dedent("""
     import json, os, psutil, ray
-    from evora.config.compose import compose_run, setup
+    from evora.plan.compose import compose_run, setup
     from evora.distributed.ray_session import init_ray
     setup()
     init_ray(compose_run([]))

@@ -139,13 +139,13 @@ def test_workers_whose_weights_differ_stop_the_run_in_one_line(local_ray, tiny_p
     import numpy as np
     import ray
 
-    from evora.config.compose import compose_run
     from evora.distributed.full_weights import EngineWeights
     from evora.distributed.pool import WorkerPool
     from evora.distributed.worker import EngineWorker, worker_spec
     from evora.errors import RunError
     from evora.lora.layout import build_layout
     from evora.lora.modules import adaptable_modules
+    from evora.plan.compose import compose_run
     from evora.strategies import get_strategy
     from evora.strategies.protocol import StrategyContext, fitness_results
 

@@ -12,6 +12,8 @@ import yaml
 from conftest import make_summary
 from evora.analysis import plots, report
 from evora.cli import main
+from evora.strategies import figures
+from evora.strategies.pbt import analysis as pbt
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -212,7 +214,7 @@ def test_reward_plot_has_mean_best_band_heldout_and_base():
 
 def test_pbt_reward_plot_shows_fitness():
     metrics = [{"generation": g, "fitness_max": 0.9, "fitness_median": 0.6, "fitness_min": 0.5} for g in (1, 2)]
-    ax = plots.plot_reward(metrics).axes[0]
+    ax = pbt.plot_fitness(metrics).axes[0]
     assert ax.get_ylabel() == "fitness"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["best", "median", "worst"]
 
@@ -242,7 +244,7 @@ def test_lineage_plot_edges_survivors_and_colorbar():
     fig = plots.plot_lineage(GA_LINEAGE)
     ax = fig.axes[0]
     assert ax.get_xlabel() == "generation"
-    edges = plots._edges(plots._positions(GA_LINEAGE))
+    edges = figures.edges(figures.positions(GA_LINEAGE))
     # gen 1: two mutations of the elite; gen 2: elite carried, crossover (2 parents), mutation
     assert len(edges) == 2 + 1 + 2 + 1
     assert ((1, 1), (2, 0)) in edges  # the elite carried over from its previous position
@@ -260,13 +262,13 @@ def test_ga_mutation_effects_child_minus_best_parent():
 
 
 def test_pbt_effects_heatmap_and_survival(pbt_run: Path):
-    trials = plots.read_trials(pbt_run)
+    trials = pbt.read_trials(pbt_run)
     lineage = plots.read_jsonl(pbt_run / "lineage.jsonl")
-    assert plots.mutation_effects(lineage, trials) == {"learning_rate": [pytest.approx(0.8 - 0.9)]}
-    ax = plots.plot_hyperparameter_heatmap(trials).axes[0]
+    assert pbt.exploit_effects(lineage, trials) == {"learning_rate": [pytest.approx(0.8 - 0.9)]}
+    ax = pbt.plot_hyperparameter_heatmap(trials).axes[0]
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("learning rate", "rank")
     assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "8", "16"]
-    fig = plots.plot_hyperparameter_survival(trials)
+    fig = pbt.plot_hyperparameter_survival(trials)
     assert [a.get_title() for a in fig.axes] == [
         "rank",
         "alpha multiplier",
@@ -345,10 +347,10 @@ def test_analysis_imports_no_ray_vllm_wandb():
 
 
 def test_pbt_tree_follows_exploits(pbt_run: Path):
-    trials = plots.read_trials(pbt_run)
-    nodes = plots.pbt_tree(plots.read_jsonl(pbt_run / "lineage.jsonl"), trials)
+    trials = pbt.read_trials(pbt_run)
+    nodes = pbt.pbt_tree(plots.read_jsonl(pbt_run / "lineage.jsonl"), trials)
     parents = {n["id"]: n["parents"] for n in nodes}
     assert parents["t1@2"] == ["t0@1"] and parents["t2@2"] == ["t2@1"]  # t1 was overwritten by t0
     assert [n["survived"] for n in nodes] == [False] * 3 + [True] * 3
-    fig = plots.plot_lineage(plots.read_jsonl(pbt_run / "lineage.jsonl"), trials)
+    fig = plots.plot_lineage(nodes)
     assert len(fig.axes[0].collections[0].get_segments()) == 3

@@ -1,7 +1,8 @@
 """The ecology's conditions table (issue 13): `evora compare` and `evora analyze` over hand-built
 frozen / single / full ecology runs (summaries shaped like a real run's eval/summary.json) and a
 compute-matched SFT run: the conditions rows, the "-" cells of a baseline, compare.md, compare.json,
-the rich table, a sweep's report.md and a single ecology run's "Ecology" section."""
+the rich table, a sweep's report.md and a single ecology run's "Ecology" section. The ecology adds
+them through its analysis hooks (evora.strategies.ecology.analysis), found through the registry."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from rich.console import Console
 from conftest import make_summary
 from evora.analysis import compare as cmp
 from evora.analysis import report
+from evora.analysis.compare import tables
+from evora.strategies.ecology import analysis as eco
 
 BASE = 0.25  # the base model's held-out reward/accuracy in every run here
 
@@ -95,26 +98,30 @@ def _md_section(text: str, heading: str) -> dict[str, list[str]]:
 
 def test_rows_read_the_ecology_details(sweep: Path, sft: Path):
     rows = {row.name.split("/")[-1]: row for row in cmp.collect([sweep, sft])}
-    full = rows["2"]
-    assert (full.condition, full.episodes, full.mean_roi, full.births, full.merges, full.retirements) == (
+    full = rows["2"].extra
+    assert (full["condition"], full["episodes"], full["mean_roi"], full["births"], full["merges"]) == (
         "full",
         128,
         0.2,
         6,
         2,
-        3,
     )
-    assert (full.qd_coverage, full.portfolio_accuracy, full.portfolio_tokens) == (pytest.approx(1 / 6), 0.5, 8.25)
-    assert full.single_best_accuracy == 0.4375 and full.matched is None
+    assert full["retirements"] == 3 and rows["2"].arm == "full"
+    assert (full["qd_coverage"], full["portfolio_accuracy"], full["portfolio_tokens"]) == (
+        pytest.approx(1 / 6),
+        0.5,
+        8.25,
+    )
+    assert full["single_best_accuracy"] == 0.4375 and rows["2"].matched is None
     baseline = rows["sft"]
-    assert baseline.condition is None and baseline.episodes is None and baseline.portfolio_accuracy is None
+    assert baseline.extra == {} and baseline.arm is None
     assert (baseline.matched, baseline.matched_by, baseline.best_accuracy, baseline.best_tokens) == (
         str(sweep / "2"),
         "flops",
         0.45,
         4.0,
     )
-    assert [cmp.condition_label(rows[k]) for k in ("0", "1", "2", "sft")] == [
+    assert [eco.condition_label(rows[k], rows[k].strategy == "ecology") for k in ("0", "1", "2", "sft")] == [
         "frozen",
         "single",
         "full",
@@ -124,8 +131,9 @@ def test_rows_read_the_ecology_details(sweep: Path, sft: Path):
 
 def test_unfinished_ecology_takes_its_condition_from_the_config(tmp_path: Path):
     row = cmp.read_row("running", _write(tmp_path / "running", {"name": "ecology", "condition": "single"}, None))
-    assert cmp.is_ecology(row) and row.condition == "single" and row.episodes is None
-    assert cmp.condition_cells(row) == ["running", "single", "-", "-", "-", "-", "-", "-"]
+    assert row.arm == "single" and row.extra["condition"] == "single" and row.extra["episodes"] is None
+    cells = tables.table_cells(eco.CONDITIONS, "ecology", row)
+    assert cells == ["running", "single", "-", "-", "-", "-", "-", "-"]
 
 
 def test_conditions_markdown(sweep: Path, sft: Path, tmp_path: Path):
@@ -182,7 +190,7 @@ def test_no_conditions_without_an_ecology(sft: Path, tmp_path: Path):
     rows = cmp.collect([sft])  # its matched run is not compared: named as configured
     data = cmp.compare_json(rows)
     assert "conditions" not in data and "Ecology conditions" not in cmp.markdown(rows)
-    assert cmp.conditions_lines(rows) == []
+    assert cmp.strategy_table_lines(rows) == []
 
 
 def test_matched_run_not_compared_is_named_by_its_path(sweep: Path, sft: Path):

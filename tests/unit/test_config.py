@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from evora.config.compose import GROUPS, compose_run, expand_jobs, group_options, overrides_of, preflight
 from evora.config.schema import RunConfig
 from evora.errors import ConfigError
+from evora.plan.compose import GROUPS, compose_run, expand_jobs, group_options, overrides_of
+from evora.plan.jobs import preflight
 from evora.strategies import get_strategy
 from evora.strategies.es import ESConfig
 
@@ -115,7 +116,7 @@ def test_configs_are_frozen():
 )
 def test_bad_values_name_the_key_and_allowed_values(override, message):
     with pytest.raises(ConfigError) as error:
-        compose_run(override.split(" "))
+        preflight(override.split(" "))  # composed, validated and planned
     assert message in str(error.value)
     assert "\n" not in str(error.value)
 

@@ -28,7 +28,7 @@ import jsonschema
 import pytest
 import yaml
 
-from evora.config.compose import preflight
+from evora.plan.jobs import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from evora.config.compose import CONF_DIR, preflight
+from evora.plan.compose import CONF_DIR
+from evora.plan.jobs import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 

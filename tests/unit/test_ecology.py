@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from evora.config.compose import compose_run
 from evora.distributed.evaluate import row_means
 from evora.distributed.portfolio import metrics_of, routed_rows, routing_map
 from evora.distributed.worker import WorkUnit, evaluated_cells, scatter, text_rows
 from evora.errors import ConfigError
 from evora.lora.layout import build_layout
+from evora.plan.compose import compose_run
 from evora.strategies.ecology import Ecology, EcologyConfig, EcologyState
 from evora.strategies.ecology.economy import MICRO, Organelle
 from evora.strategies.ecology.merge import merge_adapters

@@ -1,4 +1,4 @@
-"""evora.analysis.ecology_plots over an ecology run folder built by hand: the data each figure
+"""evora.strategies.ecology.plots over an ecology run folder built by hand: the data each figure
 draws (grids, series, the ancestry tree), which figures a folder gets, and the pngs."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evora.analysis import ecology_plots as eco
 from evora.analysis import plots
+from evora.strategies.ecology import plots as eco
 
 PNG = b"\x89PNG\r\n\x1a\n"
 NAMES = {"ecology_population", "ecology_roi", "ecology_ancestry", "ecology_archive", "ecology_routing"}
@@ -74,6 +74,7 @@ def _write(run: Path, name: str, records: list[dict] | dict) -> None:
 def eco_run(tmp_path: Path) -> Path:
     run = tmp_path / "eco"
     run.mkdir()
+    _write(run, "config.yaml", {"strategy": {"name": "ecology"}})  # analysis finds the ecology's hooks by name
     _write(run, "metrics.jsonl", METRICS)
     _write(run, "organelles.jsonl", EVENTS)
     _write(run, "lineage.jsonl", LINEAGE)

@@ -13,7 +13,6 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from evora.config.compose import compose_run
 from evora.config.schema import TaskConfig
 from evora.distributed.evaluate import candidate_texts
 from evora.distributed.worker import UnitResult
@@ -21,6 +20,7 @@ from evora.errors import ConfigError
 from evora.lora.layout import build_layout
 from evora.lora.modules import adaptable_modules
 from evora.models import locate_model
+from evora.plan.compose import compose_run
 from evora.strategies.ecology import Ecology, EcologyConfig, EcologyState
 from evora.strategies.ecology.strategy import PROBE, SERVE
 from evora.strategies.protocol import GenerationResults, StrategyContext, TrainingContext, state_fields

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from evora.config.compose import compose_run
 from evora.errors import ConfigError
 from evora.lora.layout import build_layout
 from evora.lora.noise import gaussian, noise_key
+from evora.plan.compose import compose_run
 from evora.strategies.ga import GAConfig, GAState, GeneticAlgorithm
 from evora.strategies.ga.operators import (
     CROSSOVERS,
@@ -673,7 +673,7 @@ def test_nan_fitness_never_survives():
 
 
 def test_driver_replaces_broken_fitness_with_the_worst_finite_value():
-    from evora.distributed.driver import finite_fitness
+    from evora.distributed.search import finite_fitness
 
     fixed, invalid = finite_fitness(np.array([0.5, float("nan"), 0.2, float("inf")]))
     assert invalid == 2 and list(fixed) == [0.5, 0.2, 0.2, 0.2]

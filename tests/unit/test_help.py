@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from evora.config.compose import CONF_DIR, GROUPS
+from evora.plan.compose import CONF_DIR, GROUPS
 from evora.strategies import entries
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from evora.config.compose import compose_run
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError, DataError
+from evora.plan.compose import compose_run
+from evora.plan.jobs import preflight
 from evora.tasks import build_task
 
 
@@ -122,9 +123,9 @@ def test_config_validation_checks_families_before_ray(tmp_path):
     run = compose_run([*base, "task.heldout_families=[rev]"])
     assert run.task.heldout_families == ["rev"]
     with pytest.raises(ConfigError, match=r"^task.heldout_families=nope: not a family of"):
-        compose_run([*base, "task.heldout_families=[nope]"])
+        preflight([*base, "task.heldout_families=[nope]"])
     rows = family_rows({"add": 40})
     rows[7]["family"] = 7
     bad = write_rows(tmp_path / "bad.jsonl", rows)
     with pytest.raises(DataError, match=rf"^{bad}:8: field 'family' must be a string, got int$"):
-        compose_run(["task=jsonl", f"task.data_path={bad}", "task.eval_size=20"])
+        preflight(["task=jsonl", f"task.data_path={bad}", "task.eval_size=20"])

@@ -1,12 +1,13 @@
 """The package graph (docs/architecture.md, "Layers"): acyclic and layered, checked on the
-real import graph (grimp reads every import, including those inside functions); and the
-pure modules import no Ray, vLLM or W&B."""
+real import graph (grimp reads every import, including those inside functions), between
+modules and between packages; and the pure modules import no Ray, vLLM or W&B."""
 
 from __future__ import annotations
 
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import grimp
 import pytest
@@ -17,19 +18,10 @@ import evora
 # First matching prefix wins; a strategy's job runner sits above the runtime it drives.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("entry points", ("evora.cli", "evora.__main__", "evora.help", "evora.doctor")),
-    ("run management and job runners", ("evora.runs", "evora.strategies.pbt.runner")),
+    ("run management and job runners", ("evora.runs", "evora.jobs")),
     ("distributed runtime", ("evora.distributed",)),
     ("analysis", ("evora.analysis",)),
-    (
-        "config",
-        (
-            "evora.config.compose",
-            "evora.config.fit",
-            "evora.config.overlay",
-            "evora.config.store",
-            "evora.config.validate",
-        ),
-    ),
+    ("planning: compose, validate, plan", ("evora.plan",)),
     ("tracking and engines", ("evora.tracking", "evora.engines")),
     ("strategies, tasks, training, models", ("evora.strategies", "evora.tasks", "evora.training", "evora.models")),
     ("adapters and schemas", ("evora.lora", "evora.config")),
@@ -37,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 # Ray-, vLLM- and W&B-free: the maths and data (every module under these packages).
 PURE_PACKAGES = ("evora.strategies", "evora.lora", "evora.tasks", "evora.training", "evora.models", "evora.config")
-NOT_PURE = ("evora.strategies.pbt.runner",)  # the PBT runner drives Ray Tune
+NOT_PURE: tuple[str, ...] = ()  # job runners (evora.jobs: PBT drives Ray Tune) sit above the pure packages
 
 
 def layer_of(module: str) -> int:
@@ -49,7 +41,14 @@ def layer_of(module: str) -> int:
 
 @pytest.fixture(scope="module")
 def graph():
-    return grimp.build_graph("evora", include_external_packages=False)
+    return grimp.build_graph("evora", include_external_packages=False, cache_dir=None)
+
+
+def test_every_folder_is_a_package():
+    """grimp sees only regular packages: a folder without __init__.py would drop out of the graph."""
+    root = Path(evora.__file__).parent
+    folders = [d for d in root.rglob("*") if d.is_dir() and any(d.glob("*.py")) and "__pycache__" not in d.parts]
+    assert [str(d.relative_to(root)) for d in folders if not (d / "__init__.py").is_file()] == []
 
 
 def test_every_import_goes_down_the_layers(graph):
@@ -97,6 +96,45 @@ def strongly_connected(graph) -> list[list[str]]:
 
 def test_there_are_no_import_cycles(graph):
     assert strongly_connected(graph) == []
+
+
+class PackageGraph:
+    """The import graph between the children of one package (subpackages with everything under
+    them, and modules); the package's own __init__ belongs to none of them."""
+
+    def __init__(self, graph, parent: str):
+        children = [m for m in graph.modules if m.startswith(parent + ".")]
+        self.modules = {parent + "." + m[len(parent) + 1 :].split(".")[0] for m in children}
+        self.edges: dict[str, set[str]] = {m: set() for m in self.modules}
+        for module in children:
+            for imported in graph.find_modules_directly_imported_by(module):
+                a, b = self.child(module), self.child(imported)
+                if b is not None and b != a:
+                    self.edges[a].add(b)
+
+    def child(self, module: str) -> str | None:
+        return next((c for c in self.modules if module == c or module.startswith(c + ".")), None)
+
+    def find_modules_directly_imported_by(self, module: str) -> set[str]:
+        return self.edges[module]
+
+
+def test_packages_import_in_no_circle(graph):
+    """Not only modules: no package imports, through any of its modules, a package that imports it."""
+    parents = sorted({m.rsplit(".", 1)[0] for m in graph.modules if "." in m and graph.is_module_squashed(m) is False})
+    cycles = {p: strongly_connected(PackageGraph(graph, p)) for p in parents if p in graph.modules}
+    assert {p: c for p, c in cycles.items() if c} == {}
+
+
+def test_the_package_cycle_finder_finds_one():
+    class Fake:
+        modules = {"x", "x.a", "x.a.m", "x.b"}
+
+        @staticmethod
+        def find_modules_directly_imported_by(m):
+            return {"x": set(), "x.a": set(), "x.a.m": {"x.b"}, "x.b": {"x.a"}}[m]
+
+    assert strongly_connected(PackageGraph(Fake(), "x")) == [["x.a", "x.b"]]
 
 
 def test_the_cycle_finder_finds_a_cycle():

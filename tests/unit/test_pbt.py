@@ -4,31 +4,28 @@ growing or changing alpha), exploit starts a child from its parent's checkpoint,
 trial's LoRA training learns and resumes exactly, and the run summaries."""
 
 import json
+import pickle
 import random
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from evora.config.compose import compose_run
-from evora.errors import ConfigError
+from evora.errors import ConfigError, RunError
+from evora.jobs.pbt import records, tune_private
+from evora.jobs.pbt.records import RoundLog, converged, round_record
+from evora.jobs.pbt.trial import TrialContext, layout_for, lora_of, starting_point, training_pairs
 from evora.lora.layout import build_layout
 from evora.lora.noise import gaussian, noise_key
 from evora.lora.peft_io import save_adapter
 from evora.lora.resize import resize_adapter, truncate_product
-from evora.strategies.pbt.runner import (
-    TRIALS_FILE,
-    TrialContext,
-    converged,
-    generation_records,
-    layout_for,
-    read_trials,
-    starting_point,
-    training_pairs,
-)
+from evora.plan.compose import compose_run
 from evora.strategies.pbt.space import KEYS, explore, member_id, module_sets, sample
-from evora.tracking.compute import Spend
+from evora.tracking.metrics import read_metrics, read_trials
+from evora.tracking.run_dir import TRIALS_FILE
 from evora.training.lora_sft import LoraSFT, TrainSettings, batch_of, lr_at
+from evora.training.lora_spec import LoraSpec
 
 
 @pytest.fixture(scope="module")
@@ -190,23 +187,29 @@ def pairs(tiny_run, tiny_path):
     return training_pairs(tiny_run, tiny_path)
 
 
+def _lora(hp):
+    """Tune's encoding of a member as the trainer's typed spec, on layer 1 only."""
+    modules = tuple(hp["target_modules"].split(","))
+    return LoraSpec(hp["rank"], hp["rank"] * hp["alpha_multiplier"], modules, (1,), hp["dropout"])
+
+
 def _trainer(tiny_path, pairs, hp=HP, **start):
     settings = TrainSettings(
+        learning_rate=hp["learning_rate"],
         batch_size=8,
         gradient_accumulation=2,
         weight_decay=0.01,
         max_grad_norm=1.0,
         warmup_ratio=0.1,
         total_steps=20,
-        layers=(1,),
         seed=7,
     )
-    return LoraSFT(tiny_path, hp, settings, pairs[0], pairs[1], **start)
+    return LoraSFT(tiny_path, _lora(hp), settings, pairs[0], pairs[1], **start)
 
 
 def test_learning_rate_warms_up_then_decays():
-    settings = TrainSettings(1, 1, 0.0, 1.0, 0.1, 100, None, 0)
-    rates = [lr_at(step, 1.0, settings) for step in range(100)]
+    settings = TrainSettings(1.0, 1, 1, 0.0, 1.0, 0.1, 100, 0)
+    rates = [lr_at(step, settings) for step in range(100)]
     assert rates[0] == pytest.approx(0.1) and rates[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(rates[9:], rates[10:])) and rates[-1] < 0.02
 
@@ -293,24 +296,82 @@ def test_convergence_flag_is_under_one_percent_over_five_generations():
     assert converged([0.1, 0.5, 0.52, 0.53, 0.54, 0.56, 0.57]) is False
 
 
-def test_trials_reduce_to_one_record_per_generation(tmp_path):
-    rows = [
-        {"trial": "a", "generation": 1, "fitness": 0.1, "accuracy": 0.2, "member": "ma", "tokens_trained": 10},
-        {"trial": "b", "generation": 1, "fitness": 0.3, "accuracy": 0.4, "member": "mb"},
-        {"trial": "a", "generation": 2, "fitness": 0.0, "accuracy": 0.1, "member": "ma"},
-        {"trial": "a", "generation": 2, "fitness": 0.5, "accuracy": 0.6, "member": "ma"},  # resumed: repeats
-        {"trial": "b", "generation": 2, "fitness": 0.2, "accuracy": 0.3, "member": "mb"},
-    ]
-    (tmp_path / TRIALS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+ROWS = [
+    {"trial": "a", "generation": 1, "fitness": 0.1, "accuracy": 0.2, "member": "ma", "tokens_trained": 10},
+    {"trial": "b", "generation": 1, "fitness": 0.3, "accuracy": 0.4, "member": "mb"},
+    {"trial": "a", "generation": 2, "fitness": 0.0, "accuracy": 0.1, "member": "ma"},
+    {"trial": "a", "generation": 2, "fitness": 0.5, "accuracy": 0.6, "member": "ma"},  # resumed: repeats
+    {"trial": "b", "generation": 2, "fitness": 0.2, "accuracy": 0.3, "member": "mb"},
+]
+
+
+def test_trials_reduce_to_one_record_per_round(tmp_path):
+    (tmp_path / TRIALS_FILE).write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     trials = read_trials(tmp_path)
     assert len(trials) == 4 and trials[2]["fitness"] == 0.5
-    records = generation_records(trials, 1000, Spend(tokens_generated=100))
-    assert [r["generation"] for r in records] == [1, 2]
-    # compute: 6 P T for training, and the scoring (2 P T) shared out evenly over the generations
-    assert records[0]["flops"] == 6 * 1000 * 10 + 2 * 1000 * 100 / 2
-    assert records[1]["cumulative_flops"] == records[0]["flops"] + 2 * 1000 * 100 / 2
-    assert records[1]["fitness_max"] == 0.5 and records[1]["best_member"] == "ma"
-    assert records[0]["fitness_median"] == pytest.approx(0.2) and records[0]["trials"] == 2
+    first = round_record(1, [t for t in trials if t["generation"] == 1], 1000, 2 * 1000 * 50, 0.0)
+    second = round_record(
+        2, [t for t in trials if t["generation"] == 2], 1000, 2 * 1000 * 40, first["cumulative_flops"]
+    )
+    # compute: 6 P T for training, and the round's scoring (2 P T)
+    assert first["flops"] == 6 * 1000 * 10 + 2 * 1000 * 50 and second["flops"] == 2 * 1000 * 40
+    assert second["cumulative_flops"] == first["flops"] + second["flops"]
+    assert second["fitness_max"] == 0.5 and second["best_member"] == "ma"
+    assert first["fitness_median"] == pytest.approx(0.2) and first["trials"] == 2
+
+
+def _results(log, rows):
+    for row in rows:
+        log.on_trial_result(0, [], SimpleNamespace(trial_id=row["trial"]), row)
+
+
+def test_rounds_are_logged_when_every_member_reported_them_and_once_after_a_restore(tmp_path, monkeypatch):
+    scored = iter([2 * 1000 * 50, 2 * 1000 * 90, 2 * 1000 * 30])  # the service's search scoring so far
+    monkeypatch.setattr(records, "scoring_flops", lambda service, parameters: next(scored))
+    log = RoundLog(str(tmp_path), population=2, parameters=1000, service="unused")
+    stored = pickle.dumps(log)  # as Tune stores it with the experiment, before the first result
+    _results(log, ROWS[:1])
+    assert read_metrics(tmp_path) == []
+    _results(log, ROWS[1:3])
+    assert [r["generation"] for r in read_metrics(tmp_path)] == [1]
+    _results(log, ROWS[3:])
+    logged = read_metrics(tmp_path)
+    assert [r["generation"] for r in logged] == [1, 2] and logged[1]["fitness_max"] == 0.5
+    assert logged[0]["flops"] == 6 * 1000 * 10 + 2 * 1000 * 50 and logged[1]["flops"] == 2 * 1000 * 40
+    (tmp_path / TRIALS_FILE).write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    restored = pickle.loads(stored)  # a restored run redoes round 2, then reports round 3
+    _results(restored, ROWS[3:] + [{**ROWS[0], "generation": 3}, {**ROWS[1], "generation": 3}])
+    logged = read_metrics(tmp_path)
+    assert [r["generation"] for r in logged] == [1, 2, 3]
+    assert logged[2]["flops"] == 6 * 1000 * 10 + 2 * 1000 * 30  # the new service counts from zero
+    assert logged[2]["cumulative_flops"] == logged[1]["cumulative_flops"] + logged[2]["flops"]
+
+
+def test_another_ray_stops_a_pbt_job_with_one_line(monkeypatch):
+    monkeypatch.setattr(tune_private, "ray_version", lambda: "2.99.0")
+    with pytest.raises(RunError) as error:
+        tune_private.require_written_for_this_ray()
+    assert "Ray 2.60.x, not 2.99.0" in str(error.value) and "\n" not in str(error.value)
+    monkeypatch.setattr(tune_private, "ray_version", lambda: tune_private.WRITTEN_FOR + ".3")
+    tune_private.require_written_for_this_ray()
+
+
+def test_tune_draws_whom_to_clone_from_the_schedulers_own_seeded_rng():
+    from ray.tune.schedulers import pbt
+
+    state = random.getstate()
+    with tune_private.seeded_tune_random(random.Random(5)):
+        drawn = [pbt.random.choice(range(100)) for _ in range(5)]
+    assert pbt.random is random and random.getstate() == state  # the global RNG untouched
+    reference = random.Random(5)
+    assert drawn == [reference.choice(range(100)) for _ in range(5)]
+
+
+def test_tunes_encoding_becomes_the_trainers_typed_lora(tiny_run, tiny_path, tiny_shapes):
+    context = TrialContext(tiny_run, tiny_path, "unused", tiny_shapes)
+    lora = lora_of({**HP, "rank": 16, "dropout": 0.1}, context)
+    assert tuple(tiny_run.lora.layers) == (1,)  # the tiny model's config trains layer 1
+    assert lora == LoraSpec(16, 32.0, ("q_proj", "v_proj"), (1,), 0.1)
 
 
 @pytest.mark.parametrize(

@@ -42,3 +42,20 @@ def test_a_strategy_adds_its_own_fields_to_the_generation_line():
     }
     line = generation_line(event, (("update_norm", "|update|"), ("absent", "nothing")))
     assert line == "gen    2/5  reward 0.500 [p20 0.400 p80 0.600 max 0.900]  |update| 0.012  1.2s  1,234 tok/s"
+
+
+def test_a_job_whose_members_report_themselves_gets_no_generation_bar():
+    import io
+
+    from rich.console import Console
+
+    from evora.tracking.progress import ConsoleProgress, members_report
+
+    start = {"kind": "start", "strategy": "any", "generations": 4, "start": 0, "workers": 1, "resumed": False}
+    start.update(base_heldout=None, adapter_parameters=None, setup_seconds=2.0)
+    for population, bar in ((3, False), (None, True)):
+        buffer = io.StringIO()
+        with ConsoleProgress(console=Console(file=buffer, width=200)) as progress:
+            progress.handle({**start, "population": population})
+            assert (progress.task is not None) is bar and members_report({**start, "population": population}) is not bar
+        assert ("3 members" in buffer.getvalue()) is not bar

@@ -9,8 +9,8 @@ from typing import Generic, Protocol
 
 import pytest
 
-from evora.config.compose import CONF_DIR, compose_run, group_options
 from evora.errors import ConfigError
+from evora.plan.compose import CONF_DIR, compose_run, group_options
 from evora.strategies import entries, get_strategy, register_strategy, strategy_names
 from evora.strategies.full_weights import FullWeightStrategy
 from evora.strategies.protocol import (

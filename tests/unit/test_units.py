@@ -2,9 +2,9 @@
 
 import pytest
 
-from evora.config.compose import compose_run
 from evora.distributed.evaluate import search_units
 from evora.distributed.worker import host_lora_slots
+from evora.plan.compose import compose_run
 
 
 @pytest.mark.parametrize(

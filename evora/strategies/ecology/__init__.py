@@ -16,6 +16,7 @@ register_strategy(
     center="best_organelle",
     report_keys=("condition", "organelles", "max_population", "plasticity", "router", "uplift_threshold"),
     console_keys=(("population", "pop"), ("total_energy", "energy"), ("roi_mean", "roi")),
+    analysis="evora.strategies.ecology.analysis:ANALYSIS",
 )(Ecology)
 
 __all__ = ["EcoSpec", "Ecology", "EcologyConfig", "EcologyPayload", "EcologyState"]

@@ -60,12 +60,16 @@ def train_organelle(
 
 
 def step_norm(before: Tensors, after: Tensors) -> float:
-    return float(torch.sqrt(sum(((after[k].double() - v.double()) ** 2).sum() for k, v in before.items())))
+    total = torch.zeros((), dtype=torch.float64)
+    for k, v in before.items():  # summed in order, as the stat always was
+        total = total + ((after[k].double() - v.double()) ** 2).sum()
+    return float(torch.sqrt(total))
 
 
 def self_train(cfg: EcologyConfig, run_seed: int, state: Any, generation: int, context: TrainingContext) -> Told:
     """The state with every living organelle that had successes trained on them, and its batch emptied."""
-    organelles, losses, norms, spend, examples = [], [], [], {}, 0
+    organelles, losses, norms, examples = [], [], [], 0
+    spend: dict[str, int] = {}
     for fields in state.organelles:
         batch = [b for b in state.sft_batch if b["organelle"] == fields["id"]]
         if not batch:  # no success this generation, or born after the episodes

@@ -62,7 +62,7 @@ class WeightUpdate:
 
 
 class EggrollStrategy:
-    state_type = EggrollState  # kind=full_weight: the loop syncs the engines' weights after each tell
+    state_type: ClassVar[type] = EggrollState  # kind=full_weight: the loop syncs the engines' weights after each tell
 
     def __init__(self, cfg: EggrollConfig, run_seed: int):
         self.cfg = cfg
@@ -82,7 +82,9 @@ class EggrollStrategy:
 
     # --- noise ------------------------------------------------------------------------
 
-    def factors(self, generation: int, member: int, module: str, out_features: int, in_features: int):
+    def factors(
+        self, generation: int, member: int, module: str, out_features: int, in_features: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B [out, r], A [r, in]) of member's perturbation of a module."""
         key = (self.run_seed, "eggroll", generation, member, module)
         b = gaussian(noise_key(*key, "B"), (out_features, self.cfg.rank))
@@ -191,6 +193,8 @@ class EggrollStrategy:
         return math.sqrt(squares)
 
     def _adam(self, master: MasterWeights, name: str, grad: torch.Tensor, step: int) -> torch.Tensor:
+        if master.adam_m is None or master.adam_v is None:
+            raise ValueError("optimizer=adam: the master weights have no Adam moments")
         b1, b2, eps = self.cfg.beta1, self.cfg.beta2, self.cfg.eps
         m, v = master.adam_m[name], master.adam_v[name]
         m.mul_(b1).add_(grad, alpha=1 - b1)

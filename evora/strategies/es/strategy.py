@@ -9,6 +9,7 @@ and decoupled weight decay. Master weights stay fp32.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -40,7 +41,7 @@ class ESPayload:
 
 
 class EvolutionStrategy:
-    state_type = ESState
+    state_type: ClassVar[type] = ESState
 
     def __init__(self, cfg: ESConfig, run_seed: int):
         self.cfg = cfg
@@ -119,6 +120,8 @@ class EvolutionStrategy:
         return Told(new, stats)
 
     def _adam(self, state: ESState, grad: Tensors, step: int) -> tuple[Tensors, Tensors, Tensors]:
+        if state.adam_m is None or state.adam_v is None:
+            raise ValueError("optimizer=adam: the ES state has no Adam moments")
         b1, b2, eps = self.cfg.beta1, self.cfg.beta2, self.cfg.eps
         m = {k: b1 * state.adam_m[k] + (1 - b1) * g for k, g in grad.items()}
         v = {k: b2 * state.adam_v[k] + (1 - b2) * g * g for k, g in grad.items()}
@@ -130,4 +133,4 @@ class EvolutionStrategy:
 
 
 def _norm(tensors: Tensors) -> float:
-    return float(torch.sqrt(sum((t.double() ** 2).sum() for t in tensors.values())))
+    return math.sqrt(sum(float((t.double() ** 2).sum()) for t in tensors.values()))

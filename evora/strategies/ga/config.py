@@ -37,6 +37,14 @@ class GAConfig:
 
 
 def check_ga(ga: GAConfig, run: Any = None) -> None:
+    _check_selection(ga)
+    _check_variation(ga)
+    check_init(ga)
+    _check_refine(ga)
+
+
+def _check_selection(ga: GAConfig) -> None:
+    """Population, elites, parents and how parents are picked."""
     require(ga.population >= 2, "strategy.population", ga.population, "must be an integer >= 2")
     require(
         1 <= ga.keep_top < ga.population,
@@ -57,6 +65,10 @@ def check_ga(ga: GAConfig, run: Any = None) -> None:
         ga.tournament_size,
         f"must be in 1..strategy.parents ({ga.parents})",
     )
+
+
+def _check_variation(ga: GAConfig) -> None:
+    """Crossover, mutation and the encoding they act on."""
     for key in ("crossover_rate", "mutation_rate"):
         value = getattr(ga, key)
         require(0 <= value <= 1, f"strategy.{key}", value, "must be in [0, 1]")
@@ -78,7 +90,10 @@ def check_ga(ga: GAConfig, run: Any = None) -> None:
             ga.encoding,
             "seeds (a chain of mutation seeds) needs strategy.crossover_rate=0",
         )
-    check_init(ga)
+
+
+def _check_refine(ga: GAConfig) -> None:
+    """The memetic GA's gradient refinement of the elite."""
     choice("strategy.refine", ga.refine, ("none", "sft", "grpo"))
     if ga.refine != "none":
         for key in ("refine_every", "refine_steps"):

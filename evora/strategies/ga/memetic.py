@@ -14,15 +14,15 @@ from evora.lora.noise import noise_key
 from evora.strategies.ga.config import GAConfig
 from evora.strategies.grpo.config import GRPOConfig
 from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization
-from evora.strategies.protocol import Told, TrainingContext
+from evora.strategies.protocol import GradientStrategy, Told, TrainingContext
 from evora.strategies.sft.config import SFTConfig
 from evora.strategies.sft.strategy import SupervisedFineTuning
-from evora.strategies.trained import TrainedAdapter, TrainedState
+from evora.strategies.trained import TrainedState
 
 REFINED = "refine"
 
 
-def refiner(cfg: GAConfig, seed: int) -> TrainedAdapter:
+def refiner(cfg: GAConfig, seed: int) -> GradientStrategy:
     """The gradient strategy a refinement runs."""
     if cfg.refine == "sft":
         sft = SFTConfig(learning_rate=cfg.refine_learning_rate, steps_per_generation=cfg.refine_steps)

@@ -19,6 +19,12 @@ from evora.lora.resize import truncate_product
 A_SUFFIX, B_SUFFIX = ".lora_A.weight", ".lora_B.weight"
 
 
+def _layer(module: str) -> int:
+    """The module's layer index; -1 for a module outside the numbered layers."""
+    layer = layer_of(module)
+    return -1 if layer is None else layer
+
+
 def module_pairs(tensors: Tensors) -> dict[str, tuple[str, str]]:
     """Module name -> (A key, B key), in the adapter's tensor order."""
     pairs: dict[str, tuple[str, str]] = {}
@@ -51,14 +57,13 @@ def crossover_layers(first: Tensors, second: Tensors, seed: int) -> Tensors:
     """One-point crossover over layers: modules of layers before a random cut point from
     the first parent, the rest from the second. With one layer it takes a parent whole."""
     pairs = module_pairs(first)
-    layers = sorted({layer_of(m) if layer_of(m) is not None else -1 for m in pairs})
+    layers = sorted({_layer(m) for m in pairs})
     rng = random.Random(noise_key(seed, "layer-crossover"))
     cut = rng.randint(1, len(layers) - 1) if len(layers) > 1 else rng.randint(0, 1)
     early = set(layers[:cut])
     child: Tensors = {}
     for module, pair in pairs.items():
-        layer = layer_of(module) if layer_of(module) is not None else -1
-        _take(child, first if layer in early else second, pair)
+        _take(child, first if _layer(module) in early else second, pair)
     return _ordered(child, first)
 
 

@@ -78,7 +78,7 @@ class GAPayload:
 
 
 class GeneticAlgorithm:
-    state_type = GAState
+    state_type: ClassVar[type] = GAState
 
     def __init__(self, cfg: GAConfig, run_seed: int):
         self.cfg = cfg
@@ -128,6 +128,7 @@ class GeneticAlgorithm:
         rng = random.Random(noise_key(self.run_seed, "ga-ask", generation))
         pool_size, cfg = len(state.pool), self.cfg
         specs = [GASpec(generation, i, ELITE, (i,), 0, state.sigmas[i]) for i in range(min(cfg.keep_top, pool_size))]
+        parents: tuple[int, ...]
         for index in range(len(specs), cfg.population):
             if pool_size >= 2 and rng.random() < cfg.crossover_rate:
                 first = self._select(rng, state.fitness)
@@ -158,9 +159,11 @@ class GeneticAlgorithm:
     def _parent(self, payload: GAPayload, position: int) -> Tensors:
         if payload.pool is not None:
             return payload.pool[position]
+        if payload.base is None or payload.chains is None:
+            raise ValueError("a GA payload carries a parent pool (encoding=tensors) or a base and chains (seeds)")
         member = payload.base
-        for seed, sigma in payload.chains[position]:
-            member = mutate(member, seed, sigma, self.cfg.mutation_rate, payload.noise_scales)
+        for seed, sigma in payload.chains[position]:  # seed: an int (noise_key), kept in a list of floats
+            member = mutate(member, int(seed), sigma, self.cfg.mutation_rate, payload.noise_scales)
         return member
 
     def materialise(self, payload: GAPayload, spec: GASpec) -> Tensors:
@@ -202,6 +205,8 @@ class GeneticAlgorithm:
 
     @staticmethod
     def _chain(state: GAState, spec: GASpec) -> list[list[float]]:
+        if state.chains is None:
+            raise ValueError("GA state without mutation chains: encoding is not seeds")
         parent_chain = state.chains[spec.parents[0]]
         return parent_chain if spec.op == ELITE else [*parent_chain, [spec.seed, spec.sigma]]
 

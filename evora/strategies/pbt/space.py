@@ -11,7 +11,7 @@ Explore changes each hyperparameter with probability `mutation_probability`:
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Sequence
 
 from evora.strategies.pbt.config import PBTConfig
 
@@ -66,12 +66,12 @@ def explore(config: dict[str, Any], space: PBTConfig, rng: random.Random) -> tup
             operations[key] = f"x{factor}"
             continue
         else:
-            options = {
+            options: dict[str, Sequence[Any]] = {
                 "alpha_multiplier": space.alpha_multipliers,
                 "learning_rate": space.learning_rates,
                 "dropout": space.dropouts,
                 "target_modules": module_sets(space),
-            }[key]
-            new[key] = rng.choice(options)
+            }
+            new[key] = rng.choice(options[key])
         operations[key] = "resample" if fresh or key != "rank" else "neighbour"
     return new, operations

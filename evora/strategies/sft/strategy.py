@@ -14,6 +14,7 @@ from evora.lora.noise import noise_key
 from evora.strategies.protocol import Told, TrainingContext
 from evora.strategies.trained import TrainedAdapter, TrainedState
 from evora.training.lora_sft import LoraSFT, TrainSettings
+from evora.training.lora_spec import LoraSpec
 
 
 class SupervisedFineTuning(TrainedAdapter):
@@ -33,27 +34,20 @@ class SupervisedFineTuning(TrainedAdapter):
 
     def build_trainer(self, state: TrainedState, context: TrainingContext) -> LoraSFT:
         layout, cfg = context.layout, self.cfg
-        hyperparameters = {
-            "rank": layout.rank,
-            "alpha_multiplier": layout.alpha / layout.rank,
-            "dropout": cfg.dropout,
-            "target_modules": ",".join(layout.target_modules),
-            "learning_rate": cfg.learning_rate,
-        }
         settings = TrainSettings(
-            cfg.batch_size,
-            cfg.gradient_accumulation,
-            cfg.weight_decay,
-            cfg.max_grad_norm,
-            cfg.warmup_ratio,
-            context.planned_steps,
-            layout.layers,
-            noise_key(self.seed, "sft"),
+            learning_rate=cfg.learning_rate,
+            batch_size=cfg.batch_size,
+            gradient_accumulation=cfg.gradient_accumulation,
+            weight_decay=cfg.weight_decay,
+            max_grad_norm=cfg.max_grad_norm,
+            warmup_ratio=cfg.warmup_ratio,
+            total_steps=context.planned_steps,
+            seed=noise_key(self.seed, "sft"),
         )
         pairs = [(context.prompt_ids(e), context.target_ids(e)) for e in context.train]
         return LoraSFT(
             context.model_path,
-            hyperparameters,
+            LoraSpec.of_layout(layout, cfg.dropout),
             settings,
             pairs,
             context.pad_id,

@@ -1,6 +1,6 @@
-"""Composing configs, and the preflight that checks every job of a command line before
-Ray starts: malformed overrides, unknown group options, wrong types, unknown keys and
-range rules all become one-line ConfigErrors naming the key and the allowed values."""
+"""Composing configs: malformed overrides, unknown group options, wrong types, unknown keys and
+range rules all become one-line ConfigErrors naming the key and the allowed values. The
+preflight over every job of a command line is `plan.jobs.preflight`."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from evora.config import schema
-from evora.config.store import register, register_strategy_option, writable_schema
-from evora.config.validate import validate
 from evora.errors import ConfigError
+from evora.plan.store import register, register_strategy_option, writable_schema
+from evora.plan.validate import validate
 from evora.strategies import get_strategy, strategy_names
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -203,11 +203,3 @@ def compose_run(overrides: list[str], validated: bool = True) -> schema.RunConfi
     if validated:
         validate(run)
     return run
-
-
-def preflight(argv: list[str]) -> list[schema.RunConfig]:
-    """Compose and validate every job `argv` would run. [] when Hydra only prints."""
-    overrides = overrides_of(argv)
-    if overrides is None:
-        return []
-    return [compose_run(job) for job in expand_jobs(overrides)]

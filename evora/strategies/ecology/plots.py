@@ -2,11 +2,11 @@
 (metrics.jsonl / organelles.jsonl), ROI per family (episodes.jsonl), the ancestry tree
 (organelles.jsonl), the QD archive (archive.jsonl) and the routing map (routing.json).
 Each figure has a pure helper computing its data (tested on its own) and a plot function
-drawing it. Nothing here imports evora.analysis.plots, which merges `ecology_figures` in."""
+drawing it. The ecology's analysis hooks (`analysis.py`) hand `ecology_figures` to `evora analyze`;
+nothing here imports evora.analysis or evora.tracking."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -23,7 +23,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from evora.tracking.metrics import read_metrics  # noqa: E402
+from evora.strategies.analysis_hooks import read_json, read_jsonl  # noqa: E402
 
 EPISODES_FILE = "episodes.jsonl"
 ORGANELLES_FILE = "organelles.jsonl"
@@ -326,11 +326,13 @@ def plot_routing(document: Record) -> Figure:
 # ---- which figures a run has ---------------------------------------------------------------
 
 
-def ecology_figures(run: Path) -> dict[str, Callable[[], Figure]]:
-    """The ecology figures this run folder has data for, by plot name, each drawn when called."""
+def ecology_figures(run: Path, metrics: list[Record] | None = None) -> dict[str, Callable[[], Figure]]:
+    """The ecology figures this run folder has data for, by plot name, each drawn when called
+    (`metrics`: metrics.jsonl's records when already read)."""
     run = Path(run)
-    metrics, events = read_metrics(run), read_metrics(run, ORGANELLES_FILE)
-    episodes, archive = read_metrics(run, EPISODES_FILE), read_metrics(run, ARCHIVE_FILE)
+    metrics = read_jsonl(run / "metrics.jsonl") if metrics is None else metrics
+    events = read_jsonl(run / ORGANELLES_FILE)
+    episodes, archive = read_jsonl(run / EPISODES_FILE), read_jsonl(run / ARCHIVE_FILE)
     makers: dict[str, Callable[[], Figure]] = {}
     if population_series(metrics, events)["population"][0]:
         makers["ecology_population"] = lambda: plot_population(metrics, events)
@@ -340,8 +342,7 @@ def ecology_figures(run: Path) -> dict[str, Callable[[], Figure]]:
         makers["ecology_ancestry"] = lambda: plot_ancestry(events)
     if archive:
         makers["ecology_archive"] = lambda: plot_archive(archive)
-    if (run / ROUTING_FILE).exists():
-        document = json.loads((run / ROUTING_FILE).read_text())
-        if document.get("routing"):
-            makers["ecology_routing"] = lambda: plot_routing(document)
+    document = read_json(run / ROUTING_FILE) or {}
+    if document.get("routing"):
+        makers["ecology_routing"] = lambda: plot_routing(document)
     return makers

@@ -1,26 +1,20 @@
-"""Range and cross-field checks run before Ray starts.
+"""Range and cross-field checks of a composed config, run once before Ray starts.
 
-Each failure is one line: `<key>=<value>: <rule>`, naming the allowed values.
+Pure: they read the config and nothing else (no file, folder, model or package); what the
+config names outside itself is looked up once, by `run_plan.build_plan`. Each failure is one
+line: `<key>=<value>: <rule>`, naming the allowed values.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import json
 import math
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from evora.config.schema import VLLM_LORA_RANKS, RunConfig
 from evora.lora.layout import AUTO
-from evora.models import ModelLocation, locate_model
 from evora.strategies import get_strategy
-from evora.strategies.budget import matched_run
 from evora.strategies.checks import choice, fail, require
-from evora.strategies.protocol import FULL_WEIGHT
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINES = ("vllm", "hf")
@@ -69,82 +63,12 @@ def _floats(node: Any, key: str) -> Any:
 def _check_run(run: RunConfig) -> None:
     require(run.generations >= 1, "generations", run.generations, "must be an integer >= 1")
     require(run.eval_every >= 0, "eval_every", run.eval_every, "must be an integer >= 0 (0: start and end only)")
-    if run.resume is not None:
-        folder = Path(run.resume)
-        require(folder.is_dir(), "resume", run.resume, "run folder not found")
-        require((folder / "config.yaml").is_file(), "resume", run.resume, "not a run folder (no config.yaml)")
 
 
 def _check_model(run: RunConfig) -> None:
     model = run.model
     choice("model.dtype", model.dtype, DTYPES)
     require(model.max_model_len >= 16, "model.max_model_len", model.max_model_len, "must be >= 16")
-    location = locate_model(model.path, key="model.path")
-    if model.tokenizer is not None:
-        locate_model(model.tokenizer, key="model.tokenizer")
-    _check_layers(run, location)
-    if location.is_local:  # hub models are checked by the driver, once their config is fetched
-        run_layout(run, location.path)
-
-
-def run_layout(run: RunConfig, model_path: str) -> Any:
-    """The run's adapter layout on the model's own modules (`auto` resolved), and whether the
-    run's engine can run LoRA on the model: one line before Ray when it cannot."""
-    from evora.lora.modules import model_modules
-
-    modules = model_modules(model_path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code)
-    return check_model_runs(run, modules, model_path)
-
-
-def check_model_runs(run: RunConfig, modules: Any, model_path: str) -> Any:
-    """The layout on `modules` (a ModelModules); ConfigError when the engine or the memory cannot run it."""
-    layout = model_layout(run, modules, model_path)
-    from evora.config.fit import check_fits, plan_memory
-
-    check_fits(run, plan_memory(run, modules, layout))
-    return layout
-
-
-def model_layout(run: RunConfig, modules: Any, model_path: str) -> Any:
-    """The run's layout on the model; ConfigError when its engine cannot run LoRA on it."""
-    from evora.engines.support import check_engine
-    from evora.lora.layout import build_layout
-
-    choice("engine.name", run.engine.name, ENGINES)
-    check_engine(run.engine.name, modules, "cuda" if run.hardware.gpus_per_worker > 0 else "cpu")
-    lora = run.lora
-    layout = build_layout(
-        modules.adaptable,
-        rank=lora.rank,
-        alpha=lora.alpha,
-        target_modules=lora.target_modules,
-        layers=lora.layers,
-        base_model=model_path,
-    )
-    if layout.has_experts and get_strategy(run.strategy.name).kind == FULL_WEIGHT:
-        raise fail(
-            "lora.target_modules",
-            list(layout.target_modules),
-            f"strategy={run.strategy.name} moves base weights, and expert weights are not among those it moves "
-            "yet; target the attention projections, e.g. [q_proj, k_proj, v_proj, o_proj]",
-        )
-    return layout
-
-
-def _check_layers(run: RunConfig, location: ModelLocation) -> None:
-    if run.lora.layers is None or not location.is_local:
-        return  # hub models are checked once their config is fetched, in the driver
-    config = json.loads((Path(location.path) / "config.json").read_text())
-    n_layers = config.get("num_hidden_layers") or config.get("n_layer")
-    if n_layers is None:
-        return
-    for layer in run.lora.layers:
-        require(
-            0 <= layer < n_layers,
-            "lora.layers",
-            list(run.lora.layers),
-            f"layer {layer} out of range; allowed: 0..{n_layers - 1} ({n_layers} layers)",
-        )
 
 
 def _check_lora(run: RunConfig) -> None:
@@ -208,25 +132,8 @@ def _check_task(run: RunConfig) -> None:
     parse_fitness(task.fitness)
     if task.reward is not None:
         require(callable(load_object(task.reward, "task.reward")), "task.reward", task.reward, "must be a function")
-    if task.data_path is not None:
-        require(Path(task.data_path).is_file(), "task.data_path", task.data_path, "file not found")
-        from evora.tasks import build_task
-
-        check_split_sizes(task, build_task(task, run.seed).splits())  # bad records stop here, before Ray
-    elif task.name == "jsonl":
+    if task.data_path is None and task.name == "jsonl":
         raise fail("task.data_path", None, "task=jsonl needs a JSONL, JSON or parquet file")
-
-
-def check_split_sizes(task: Any, splits: Any) -> None:
-    """Enough examples for what the config asks (the data may hold fewer than its sizes)."""
-    sizes = f"{len(splits.train)} train, {len(splits.selection)} selection, {len(splits.heldout)} held-out"
-    require(len(splits.heldout) > 0, "task.eval_size", task.eval_size, f"the data gives no held-out examples ({sizes})")
-    require(
-        len(splits.train) >= task.prompts_per_generation,
-        "task.prompts_per_generation",
-        task.prompts_per_generation,
-        f"the data gives only {sizes} examples",
-    )
 
 
 def _check_strategy(run: RunConfig) -> None:
@@ -239,22 +146,6 @@ def _check_strategy(run: RunConfig) -> None:
     )
     if entry.validate is not None:
         entry.validate(run.strategy, run)
-    _check_match(run.strategy)
-
-
-def _check_match(strategy: Any) -> None:
-    """strategy.match names a finished run (its summary carries the compute to match)."""
-    from evora.tracking.summary import read_summary
-
-    folder = matched_run(strategy)
-    if folder is not None:
-        require(Path(folder).is_dir(), "strategy.match", folder, "no such run folder")
-        require(
-            read_summary(folder) is not None,
-            "strategy.match",
-            folder,
-            "the run has no eval/summary.json (did it finish?)",
-        )
 
 
 def _check_engine(run: RunConfig) -> None:
@@ -263,21 +154,6 @@ def _check_engine(run: RunConfig) -> None:
     require(engine.max_loras >= 1, "engine.max_loras", engine.max_loras, "must be >= 1")
     choice("engine.units", engine.units, UNITS)
     require(engine.max_num_seqs >= 1, "engine.max_num_seqs", engine.max_num_seqs, "must be >= 1")
-    require(Path(engine.adapter_dir).is_dir(), "engine.adapter_dir", engine.adapter_dir, "directory not found")
-    if engine.name == "vllm":
-        require(
-            module_available("vllm"),
-            "engine",
-            engine.name,
-            'vLLM is not installed here; pip install "evora[gpu]" (or "evora[cpu]" without a GPU), or use engine=hf',
-        )
-
-
-def module_available(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a broken or blocked installation counts as absent
-        return False
 
 
 def _check_hardware(run: RunConfig) -> None:
@@ -321,26 +197,8 @@ def _check_hardware(run: RunConfig) -> None:
     require(hw.kv_cache_gib >= 0, "hardware.kv_cache_gib", hw.kv_cache_gib, "must be >= 0")
 
 
-MIN_FREE_MIB = 64  # room for a run folder's config, metrics and first checkpoints
-
-
-def check_writable(key: str, folder: str) -> None:
-    """A folder (or the nearest existing parent it would be made in) takes files, and has room."""
-    existing = Path(folder).expanduser().absolute()
-    while not existing.exists():
-        existing = existing.parent
-    require(existing.is_dir(), key, folder, f"{existing} is not a directory")
-    try:
-        Path(tempfile.mkdtemp(prefix=".evora-probe-", dir=existing)).rmdir()
-    except OSError as error:
-        raise fail(key, folder, f"cannot write in {existing} ({error.strerror or error})") from None
-    free = shutil.disk_usage(existing).free / 2**20
-    require(free >= MIN_FREE_MIB, key, folder, f"only {free:.0f} MiB free in {existing}")
-
-
 def _check_tracking(run: RunConfig) -> None:
     tracking = run.tracking
-    check_writable("resume" if run.resume else "tracking.out_dir", run.resume or tracking.out_dir)
     choice("tracking.name", tracking.name, TRACKERS)
     choice("tracking.wandb_mode", tracking.wandb_mode, WANDB_MODES)
     require(

@@ -13,11 +13,11 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from evora.config.compose import GROUPS, compose, parse_overrides, run_config_from_dict, to_run_config
 from evora.config.schema import RunConfig
-from evora.config.store import unfreeze
-from evora.config.validate import validate
 from evora.errors import ConfigError
+from evora.plan.compose import GROUPS, compose, parse_overrides, run_config_from_dict, to_run_config
+from evora.plan.store import unfreeze
+from evora.plan.validate import validate
 from evora.tracking.run_dir import CONFIG_FILE
 
 RESUMABLE = ("generations", "eval_every", "hardware", "tracking")
@@ -50,12 +50,14 @@ def overlay(
             except Exception as error:  # unknown key or wrong type, reported like the preflight does
                 raise ConfigError(f"{key}: {str(error).splitlines()[0]}") from None
     run = OmegaConf.to_object(node)
+    assert isinstance(run, RunConfig)  # the structured node of a RunConfig
     validate(run)
-    return run  # type: ignore[return-value]
+    return run
 
 
 def resumed_run_config(composed: RunConfig, overrides: list[str]) -> RunConfig:
     """`composed` is the command line's config; `overrides` its override strings."""
+    assert composed.resume is not None
     resumed = overlay(
         saved_run_config(composed.resume), overrides, RESUMABLE, "when resuming (it would change the trajectory)"
     )

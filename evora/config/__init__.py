@@ -1,0 +1,1 @@
+"""The run's typed config (`schema`): plain dataclasses every other package may read."""

@@ -1,0 +1,87 @@
+"""Held-out and selection evaluation of the center (and of the base model) on the worker pool,
+and the best center so far: chosen on the selection split when there is one, else on held-out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evora.distributed.evaluate import SplitOutcome, evaluate_split
+from evora.distributed.loop_state import Best, LoopState
+from evora.distributed.pool import WorkerPool
+from evora.lora import Tensors
+from evora.plan.run_plan import RunPlan
+from evora.strategies.protocol import BASE, CENTER
+from evora.tracking.compute import Spend
+
+
+class CenterScoring:
+    def __init__(self, pool: WorkerPool, plan: RunPlan, moves_weights: bool):
+        self.pool, self.splits, self.fitness = pool, plan.splits, plan.fitness
+        # Under moved base weights an engine has no base model to measure the KL against.
+        self.kl = not moves_weights
+
+    def outcomes(
+        self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend
+    ) -> dict[str, SplitOutcome]:
+        """Whole outcomes (completion texts, perplexity) of BASE/CENTER/... on a split."""
+        return evaluate_split(
+            self.pool,
+            theta,
+            ops,
+            split,
+            len(self.splits.get(split)),
+            generation=generation,
+            keep_texts=True,
+            perplexity=True,
+            spend=spend,
+            kl=self.kl,
+        )
+
+    def metrics(
+        self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend
+    ) -> dict[str, dict[str, float]]:
+        """Each op's metrics on a split, with the task's fitness."""
+        outcomes = evaluate_split(
+            self.pool,
+            theta,
+            ops,
+            split,
+            len(self.splits.get(split)),
+            generation=generation,
+            perplexity=self.fitness.needs_perplexity,
+            spend=spend,
+            kl=self.kl,
+        )
+        return {op: self.with_fitness(o.metrics()) for op, o in outcomes.items()}
+
+    def with_fitness(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {**metrics, "fitness": self.fitness(metrics)}
+
+    def initial(self, loop: LoopState, theta: Tensors, spend: Spend) -> dict[str, Any]:
+        """The base model and the starting center on held-out: generation 0's record."""
+        outcomes = self.metrics("heldout", [BASE, CENTER], 0, theta, spend)
+        loop.base = outcomes[BASE]
+        return {
+            "generation": 0,
+            **{f"base_heldout_{k}": v for k, v in loop.base.items()},
+            **self.center(loop, 0, theta, outcomes[CENTER], spend),
+        }
+
+    def heldout(self, loop: LoopState, done: int, theta: Tensors, spend: Spend) -> dict[str, float]:
+        """The center after `done` generations on held-out (and selection): the record's scores."""
+        heldout = self.metrics("heldout", [CENTER], done, theta, spend)[CENTER]
+        return self.center(loop, done, theta, heldout, spend)
+
+    def center(
+        self, loop: LoopState, done: int, theta: Tensors, heldout: dict[str, float], spend: Spend
+    ) -> dict[str, float]:
+        """Record the center's held-out metrics, and keep it as the best if it is."""
+        loop.last = heldout
+        scores = {f"heldout_{k}": v for k, v in heldout.items()}
+        score = heldout["fitness"]
+        if self.splits.selection:
+            score = self.metrics("selection", [CENTER], done, theta, spend)[CENTER]["fitness"]
+            scores["selection_fitness"] = score
+        if loop.best is None or score > loop.best.score:
+            loop.best = Best(score, done, {k: v.clone() for k, v in theta.items()}, heldout)
+        return scores

@@ -1,0 +1,254 @@
+"""One generation of search, by the kind of strategy (`protocol.KINDS`), chosen once at set-up:
+
+- population (and portfolio, full-weight): ask, evaluate every candidate on the workers, tell;
+  then gradient refinement where the strategy refines, and the engines' weights moved where the
+  strategy moves them;
+- gradient: the strategy trains on the driver (`improve`).
+
+Each returns the next state, the generation's record and the compute it spent; the loop
+evaluates, records and checkpoints."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import ray
+import torch
+
+from evora.distributed.evaluate import candidate_matrices, candidate_texts, row_means, search_units, spend_of
+from evora.distributed.full_weights import EngineWeights
+from evora.distributed.pool import WorkerPool
+from evora.distributed.recorder import Recorder
+from evora.distributed.worker import UnitResult, WorkUnit
+from evora.errors import RunError
+from evora.lora.noise import noise_key
+from evora.plan.run_plan import RunPlan
+from evora.strategies.protocol import (
+    FULL_WEIGHT,
+    GRADIENT,
+    POPULATION,
+    PORTFOLIO,
+    GenerationResults,
+    Told,
+    TrainingContext,
+    prompts_of,
+)
+from evora.tracking.compute import Spend
+
+
+@dataclass
+class Searched:
+    state: Any
+    record: dict[str, Any]
+    spend: Spend
+    pool_events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Search(Protocol):
+    def step(self, state: Any, generation: int) -> Searched: ...
+
+
+@dataclass
+class SearchParts:
+    """What a generation of search may use; `training` where the strategy trains on the driver,
+    `weights` where it moves the engines' base weights."""
+
+    plan: RunPlan
+    strategy: Any
+    pool: WorkerPool
+    recorder: Recorder
+    training: TrainingContext | None
+    weights: EngineWeights | None
+    keeps_texts: bool
+
+
+class PopulationSearch:
+    def __init__(self, parts: SearchParts):
+        self.parts = parts
+        self.fitness = parts.plan.fitness
+
+    def step(self, state: Any, generation: int) -> Searched:
+        parts, started = self.parts, time.perf_counter()
+        specs, payload = parts.strategy.ask(state, generation)
+        prompts = routed_prompts(specs) or prompt_batch(parts.plan, generation)
+        results = parts.pool.run(ray.put(payload), self._units(specs, prompts))
+        changes = parts.pool.take_events()
+        evaluated = time.perf_counter()
+        matrices, invalid = self._results(generation, prompts, results, len(specs))
+        check_some_fitness(generation + 1, invalid, len(specs), parts.plan.run.strategy)
+        told = self._tell(state, specs, matrices, generation)
+        parts.recorder.family(told.lineage)
+        parts.recorder.strategy_records(told.records)
+        record = {
+            "generation": generation + 1,
+            **population_stats(matrices, self.fitness.text != "reward"),
+            "fitness_invalid": invalid,
+            **told.stats,
+            **unit_stats(results, matrices, evaluated - started),
+            "seconds_update": time.perf_counter() - evaluated,
+            "workers_lost": sum(c["event"] == "worker-lost" for c in changes),
+            "workers_replaced": sum(c["event"] == "worker-replaced" for c in changes),
+        }
+        spend = spend_of(results)
+        spend.add(Spend(**told.spend))
+        return Searched(told.state, record, spend, changes)
+
+    def _units(self, specs: list[Any], prompts: tuple[int, ...]) -> list[WorkUnit]:
+        engine, texts = self.parts.plan.run.engine, self.parts.keeps_texts
+        return [
+            WorkUnit(tuple(c), "train", prompts, keep_texts=texts, perplexity=self.fitness.needs_perplexity)
+            for c in search_units(specs, engine.units, engine.max_loras, len(self.parts.pool))
+        ]
+
+    def _tell(self, state: Any, specs: list[Any], matrices: GenerationResults, generation: int) -> Told:
+        """tell; the refinement of a refining strategy; the engines' weights moved to the new state."""
+        parts = self.parts
+        told = parts.strategy.tell(state, specs, matrices)
+        if parts.training is not None:
+            refined = parts.strategy.refine(told.state, generation, parts.training)
+            if refined is not None:  # memetic: the elite got gradient steps
+                stats, lineage = {**told.stats, **refined.stats}, told.lineage + refined.lineage
+                told = Told(refined.state, stats, lineage, refined.spend, told.records)
+        check_finite_center(generation + 1, parts.strategy.center(told.state), parts.plan.run.strategy)
+        if parts.weights is not None:  # every worker applies the update to its own weights
+            told.stats.update(parts.weights.to(told.state, generation + 1))
+        return told
+
+    def _results(
+        self, generation: int, prompts: tuple[int, ...], results: list[UnitResult], population: int
+    ) -> tuple[GenerationResults, int]:
+        m = candidate_matrices(results, population)
+        means = {
+            "reward": row_means(m.rewards, m.evaluated),
+            "accuracy": row_means(m.correct, m.evaluated),
+            "tokens": row_means(m.tokens, m.evaluated),
+        }
+        if m.perplexity is not None:
+            means["perplexity"] = row_means(m.perplexity, m.evaluated)
+        row_fitness = [self.fitness({k: v[i] for k, v in means.items()}) for i in range(population)]
+        fitness, invalid = finite_fitness(np.array(row_fitness, dtype=np.float64))
+        texts = candidate_texts(results, population) if self.parts.keeps_texts else None
+        matrices = (m.rewards, m.correct, m.tokens, m.perplexity)
+        return GenerationResults(generation, prompts, *matrices, fitness, m.evaluated, texts), invalid
+
+
+class GradientSearch:
+    """The strategy trains on the driver; the loop evaluates its center as for any strategy."""
+
+    def __init__(self, parts: SearchParts):
+        self.parts = parts
+
+    def step(self, state: Any, generation: int) -> Searched:
+        started, parts = time.perf_counter(), self.parts
+        told = parts.strategy.improve(state, generation, parts.training)
+        check_finite_center(generation + 1, parts.strategy.center(told.state), parts.plan.run.strategy)
+        record = {"generation": generation + 1, **told.stats, "seconds_train": time.perf_counter() - started}
+        return Searched(told.state, record, Spend(**told.spend))
+
+
+SEARCHES: dict[str, type[PopulationSearch] | type[GradientSearch]] = {
+    POPULATION: PopulationSearch,
+    PORTFOLIO: PopulationSearch,
+    FULL_WEIGHT: PopulationSearch,
+    GRADIENT: GradientSearch,
+}
+
+
+# --- pieces ---------------------------------------------------------------------------------
+
+
+def spread(prefix: str, values: np.ndarray) -> dict[str, float]:
+    return {
+        f"{prefix}_mean": float(values.mean()),
+        f"{prefix}_std": float(values.std()),
+        f"{prefix}_min": float(values.min()),
+        f"{prefix}_max": float(values.max()),
+        f"{prefix}_p20": float(np.percentile(values, 20)),
+        f"{prefix}_p80": float(np.percentile(values, 80)),
+    }
+
+
+def population_stats(results: GenerationResults, with_fitness: bool) -> dict[str, float]:
+    """The population's reward spread and accuracy (over evaluated cells only), and its fitness
+    spread where fitness is not the reward itself."""
+    cells = results.evaluated
+    correct = results.correct[cells] if cells is not None else results.correct
+    stats = {**spread("reward", row_means(results.rewards, cells)), "accuracy_mean": float(correct.mean())}
+    if with_fitness:
+        stats.update(spread("fitness", results.fitness))
+    return stats
+
+
+def unit_stats(results: list[UnitResult], matrices: GenerationResults, seconds: float) -> dict[str, Any]:
+    tokens = matrices.tokens.sum()
+    return {
+        "tokens": int(tokens),
+        "tokens_per_second": tokens / max(seconds, 1e-9),
+        "reward_errors": sum(r.reward_errors for r in results),
+        "reward_timeouts": sum(r.reward_timeouts for r in results),
+        "seconds_evaluate": seconds,
+        "units": len(results),  # generate calls the candidates took (engine.units)
+        **timing_sums(results),
+        "worker_rss_mb": {str(r.worker): r.rss_mb for r in results},
+    }
+
+
+def finite_fitness(fitness: np.ndarray) -> tuple[np.ndarray, int]:
+    """NaN or infinite fitness (a broken reward) becomes the generation's worst finite value,
+    so it can neither win a selection nor poison shaping; returns how many there were."""
+    bad = ~np.isfinite(fitness)
+    if bad.any():
+        finite = fitness[~bad]
+        fitness = np.where(bad, finite.min() if finite.size else 0.0, fitness)
+    return fitness, int(bad.sum())
+
+
+def knobs(strategy_cfg: Any) -> str:
+    """The strategy's float settings: what to look at when its numbers blow up."""
+    values = [f"strategy.{key}={value:g}" for key, value in asdict(strategy_cfg).items() if isinstance(value, float)]
+    return ", ".join(values) or "the strategy's settings"
+
+
+# Both checks stop a generation before it is checkpointed: the last checkpoint stays the good one.
+
+
+def check_some_fitness(generation: int, invalid: int, population: int, strategy_cfg: Any) -> None:
+    if invalid == population:
+        raise RunError(
+            f"generation {generation}: no candidate has a finite fitness; look at {knobs(strategy_cfg)} "
+            "and task.fitness"
+        )
+
+
+def check_finite_center(generation: int, center: dict[str, Any], strategy_cfg: Any) -> None:
+    broken = [name for name, tensor in center.items() if not bool(torch.isfinite(tensor).all())]
+    if broken:
+        raise RunError(
+            f"generation {generation}: the update made {len(broken)} adapter tensor(s) non-finite "
+            f"(e.g. {broken[0]}); look at {knobs(strategy_cfg)}"
+        )
+
+
+def timing_sums(results: list[UnitResult]) -> dict[str, float]:
+    keys = ("materialise", "generate", "reward", "perplexity")
+    return {f"seconds_{k}": float(sum(r.timings[k] for r in results)) for k in keys}
+
+
+def routed_prompts(specs: list[Any]) -> tuple[int, ...]:
+    """The generation's prompts when the strategy routes its candidates to prompts (the
+    ecology's episodes): every prompt some spec names, in order; () when none does."""
+    routed = [prompts_of(spec) for spec in specs]
+    if all(r is None for r in routed):
+        return ()
+    return tuple(sorted({i for r in routed if r is not None for i in r}))
+
+
+def prompt_batch(plan: RunPlan, generation: int) -> tuple[int, ...]:
+    """The generation's training prompts: a pure function of (seed, generation)."""
+    run = plan.run
+    rng = np.random.default_rng(noise_key(run.seed, "prompts", generation))
+    picked = rng.choice(len(plan.splits.train), size=run.task.prompts_per_generation, replace=False)
+    return tuple(int(i) for i in picked)

@@ -1,0 +1,102 @@
+"""`run_pbt`, the job strategy=pbt registers: Ray, the shared EvaluationService (the engine
+workers that score every member), the Tune experiment, and the finish. It takes the run plan
+(`evora/plan/run_plan.py`): the model, its modules and parameter count, the task's splits."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import ray
+
+from evora.config.schema import RunConfig
+from evora.distributed.evaluate import EvaluationService
+from evora.distributed.ray_session import init_ray
+from evora.distributed.worker import worker_spec
+from evora.errors import ConfigError
+from evora.jobs.pbt.experiment import experiment_dir, quiet_tune, tuner
+from evora.jobs.pbt.finish import finish
+from evora.jobs.pbt.trial import TrialContext
+from evora.jobs.pbt.tune_private import require_written_for_this_ray
+from evora.lora.layout import build_layout
+from evora.plan.run_plan import RunPlan
+from evora.tracking.compute import ComputeLedger
+from evora.tracking.run_dir import run_tag, write_config
+
+
+def evaluation_service(plan: RunPlan, name: str) -> Any:
+    """The shared EvaluationService; its engines accept the largest rank of the search space."""
+    run, model_path = plan.run, plan.model_path
+    # num_workers=null means one engine per GPU for es/ga; here trials train on the GPUs, so one engine.
+    hardware = replace(run.hardware, num_workers=run.hardware.num_workers or 1)
+    widest = max(run.strategy.ranks)
+    layout = build_layout(
+        plan.modules.adaptable,
+        rank=widest,
+        alpha=widest,
+        target_modules=sorted({m for ts in run.strategy.target_modules for m in ts}),
+        layers=run.lora.layers,
+        base_model=model_path,
+    )
+    sizes = {split: len(plan.splits.get(split)) for split in ("train", "selection", "heldout")}
+    spec = worker_spec(run, model_path, layout, name.rsplit("-", 1)[-1], with_strategy=False, max_lora_rank=widest)
+    return ray.remote(EvaluationService).options(name=name, num_cpus=0).remote(spec, hardware, sizes)
+
+
+def check_trial_resources(run: RunConfig) -> None:
+    """Fail now, not hang in Tune's queue, when no member fits beside the engine workers."""
+    free = ray.available_resources()
+    for key, resource in (("trial_cpus", "CPU"), ("trial_gpus", "GPU")):
+        wanted = getattr(run.hardware, key)
+        if wanted > free.get(resource, 0.0) + 1e-9:
+            raise ConfigError(
+                f"hardware.{key}={wanted}: only {free.get(resource, 0.0):g} {resource} left beside "
+                f"the engine workers; lower hardware.{key} or hardware.num_workers"
+            )
+
+
+def start_event(run: RunConfig, workers: Any, restore: bool, setup_seconds: float) -> dict[str, Any]:
+    return {
+        "kind": "start",
+        "strategy": "pbt",
+        "population": run.strategy.population,
+        "generations": run.generations,
+        "start": 0,
+        "workers": workers,
+        "resumed": restore,
+        "base_heldout": None,
+        "adapter_parameters": None,
+        "setup_seconds": setup_seconds,
+    }
+
+
+def run_pbt(plan: RunPlan, run_dir: str, on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    started, run = time.perf_counter(), plan.run
+    require_written_for_this_ray()
+    quiet_tune()
+    folder = Path(run_dir)
+    restore = (experiment_dir(folder) / "tuner.pkl").exists()
+    if not restore:
+        write_config(folder, run)
+    init_ray(run)
+    name = f"evora-eval-{run_tag(run_dir)}"
+    service = evaluation_service(plan, name)
+    # Engines first: trials started earlier could take the CPUs/GPUs the engine workers need.
+    workers = ray.get(service.workers.remote())
+    check_trial_resources(run)
+    context = TrialContext(run, plan.model_path, name, plan.modules.adaptable)
+    on_event(start_event(run, workers, restore, time.perf_counter() - started))
+    ledger = ComputeLedger(plan.parameters)
+    ledger.add_seconds("setup", time.perf_counter() - started)
+    try:
+        searched = time.perf_counter()
+        results = tuner(run, folder, context, ledger.parameters, restore).fit()
+        ledger.add_seconds("search", time.perf_counter() - searched)
+        final = finish(plan, folder, context, service, results, ledger)
+        on_event(final)
+        return final
+    finally:
+        ray.get(service.shutdown.remote())
+        ray.kill(service)

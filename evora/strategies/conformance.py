@@ -1,0 +1,30 @@
+"""Each built-in strategy against the protocol of the kind it registers (`protocol.KINDS`),
+checked by the type checker (`make test` runs mypy over evora/): a missing or mistyped
+member is a type error here, not an AttributeError in the middle of a run. Never called."""
+
+from __future__ import annotations
+
+from evora.strategies.ecology.strategy import Ecology
+from evora.strategies.eggroll.strategy import EggrollStrategy
+from evora.strategies.es.strategy import EvolutionStrategy
+from evora.strategies.full_weights import FullWeightStrategy
+from evora.strategies.ga.strategy import GeneticAlgorithm
+from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization
+from evora.strategies.protocol import GradientStrategy, PortfolioStrategy, RefiningStrategy, Strategy
+from evora.strategies.sft.strategy import SupervisedFineTuning
+
+
+def built_ins_conform(
+    es: EvolutionStrategy,
+    ga: GeneticAlgorithm,
+    ecology: Ecology,
+    eggroll: EggrollStrategy,
+    sft: SupervisedFineTuning,
+    grpo: GroupRelativePolicyOptimization,
+) -> None:
+    population: list[Strategy] = [es, ga]
+    refining: list[RefiningStrategy] = [ga, ecology]  # registered with refines=True
+    portfolio: PortfolioStrategy = ecology
+    full_weight: FullWeightStrategy = eggroll
+    gradient: list[GradientStrategy] = [sft, grpo]
+    del population, refining, portfolio, full_weight, gradient
