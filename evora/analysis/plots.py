@@ -62,7 +62,7 @@ def _reward_lines(ax: Any, metrics: list[Record]) -> None:
             alpha=0.2,
             label="population p20–p80",
         )
-    if any("reward_mean" in r for r in metrics):  # gradient strategies (sft, grpo) have no population
+    if any("reward_mean" in r for r in metrics):  # gradient strategies have no population
         ax.plot(*_series(metrics, "reward_mean"), label="population mean")
         ax.plot(*_series(metrics, "reward_max"), linewidth=1, alpha=0.7, label="best member")
     # Held-out is measured every k generations: dotted between points, not a measured curve.

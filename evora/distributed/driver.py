@@ -56,7 +56,6 @@ class Driver:
         self.run_dir = Path(run_dir)
         self.run_tag = run_tag(run_dir)
         self.entry = plan.entry
-        self.strategy = self.entry.build(self.run_cfg.strategy, self.run_cfg.seed)
         self.budget = plan.budget
         # What `_setup` opens, closed last-opened first (workers before their scratch is swept),
         # however far set-up got.
@@ -65,6 +64,7 @@ class Driver:
     # --- setup ----------------------------------------------------------------------
 
     def _setup(self) -> None:
+        self.strategy = self.entry.build(self.run_cfg.strategy, self.run_cfg.seed)
         self._restore_or_init()
         self.recorder = recorder = Recorder(self.run_cfg, self.run_dir, self.loop.ledger, self.completed_at_start)
         self.opened.callback(recorder.close)
@@ -176,12 +176,13 @@ class Driver:
             workers=len(self.pool),
             workers_lost=record.get("workers_lost", 0) + sum(c["event"] == "worker-lost" for c in changes),
             workers_replaced=record.get("workers_replaced", 0) + sum(c["event"] == "worker-replaced" for c in changes),
-            pool_events=searched.pool_events,
         )
+        if searched.pool_events is not None:
+            record["pool_events"] = searched.pool_events
         self.recorder.account(record, searched.spend, eval_spend, search_done - started, finished - search_done)
         self.recorder.log(record)
         self._checkpoint(done)
-        events = record.pop("pool_events") + changes
+        events = record.pop("pool_events", []) + changes
         return {"kind": "generation", **record, "generations": self._planned_generations(), "pool_events": events}
 
     def _spent_now(self, spend: dict[str, int]) -> bool:

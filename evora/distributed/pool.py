@@ -79,7 +79,7 @@ class WorkerPool:
         pending = deque((i, 0) for i in range(len(units)))
         idle = deque(self._check_in())
         in_flight: dict[Any, tuple[int, int, int]] = {}  # ref -> (unit, attempt, worker)
-        results: list[UnitResult | None] = [None] * len(units)
+        results: dict[int, UnitResult] = {}  # by unit
         while pending or in_flight:
             while pending and idle:
                 unit, attempt = pending.popleft()
@@ -100,7 +100,7 @@ class WorkerPool:
                 if attempt + 1 >= max_attempts:
                     raise
                 pending.append((unit, attempt + 1))
-        return results  # type: ignore[return-value]
+        return [results[unit] for unit in range(len(units))]
 
     def broadcast(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every live worker, in worker order; a worker lost on the way is

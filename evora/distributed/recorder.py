@@ -92,16 +92,20 @@ def start_event(
     generations: int | None,
     start: int,
     workers: int,
-    base_heldout: float,
+    base_heldout: float | None,
     resumed: bool,
     adapter_parameters: int | None,
     setup_seconds: float,
     moved: dict[str, int] | None = None,
+    population: int | None = None,
 ) -> dict[str, Any]:
-    """The event a run's console starts from; `moved`: a full-weight strategy's weights and master bytes."""
+    """The event every run's console starts from, the shared loop's and a job runner's.
+    `moved`: a full-weight strategy's weights and master bytes; `population`: a job whose
+    members report themselves (PBT), so the console draws no generation bar."""
     return {
         "kind": "start",
         "strategy": strategy,
+        **({} if population is None else {"population": population}),
         "generations": generations,
         "start": start,
         "workers": workers,

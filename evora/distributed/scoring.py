@@ -24,6 +24,18 @@ class CenterScoring:
         self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend
     ) -> dict[str, SplitOutcome]:
         """Whole outcomes (completion texts, perplexity) of BASE/CENTER/... on a split."""
+        return self._evaluate(split, ops, generation, theta, spend, whole=True)
+
+    def metrics(
+        self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend
+    ) -> dict[str, dict[str, float]]:
+        """Each op's metrics on a split, with the task's fitness."""
+        outcomes = self._evaluate(split, ops, generation, theta, spend, whole=False)
+        return {op: self.with_fitness(o.metrics()) for op, o in outcomes.items()}
+
+    def _evaluate(
+        self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend, whole: bool
+    ) -> dict[str, SplitOutcome]:
         return evaluate_split(
             self.pool,
             theta,
@@ -31,28 +43,11 @@ class CenterScoring:
             split,
             len(self.splits.get(split)),
             generation=generation,
-            keep_texts=True,
-            perplexity=True,
+            keep_texts=whole,
+            perplexity=whole or self.fitness.needs_perplexity,
             spend=spend,
             kl=self.kl,
         )
-
-    def metrics(
-        self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend
-    ) -> dict[str, dict[str, float]]:
-        """Each op's metrics on a split, with the task's fitness."""
-        outcomes = evaluate_split(
-            self.pool,
-            theta,
-            ops,
-            split,
-            len(self.splits.get(split)),
-            generation=generation,
-            perplexity=self.fitness.needs_perplexity,
-            spend=spend,
-            kl=self.kl,
-        )
-        return {op: self.with_fitness(o.metrics()) for op, o in outcomes.items()}
 
     def with_fitness(self, metrics: dict[str, float]) -> dict[str, float]:
         return {**metrics, "fitness": self.fitness(metrics)}

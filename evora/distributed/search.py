@@ -11,7 +11,7 @@ evaluates, records and checkpoints."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,7 +44,7 @@ class Searched:
     state: Any
     record: dict[str, Any]
     spend: Spend
-    pool_events: list[dict[str, Any]] = field(default_factory=list)
+    pool_events: list[dict[str, Any]] | None = None  # workers lost and replaced while evaluating candidates
 
 
 class Search(Protocol):

@@ -109,14 +109,14 @@ def compose(overrides: list[str]) -> DictConfig:
 
 
 def to_run_config(cfg: DictConfig) -> schema.RunConfig:
-    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]  # a structured RunConfig node gives a RunConfig
 
 
 def run_config_from_dict(data: dict[str, Any]) -> schema.RunConfig:
     """A RunConfig from a saved config.yaml (resume)."""
     base = writable_schema(schema.RunConfig)
     base.strategy = writable_schema(get_strategy(data["strategy"]["name"]).config)
-    return OmegaConf.to_object(OmegaConf.merge(base, data))  # type: ignore[return-value]
+    return OmegaConf.to_object(OmegaConf.merge(base, data))  # type: ignore[return-value]  # as above
 
 
 def overrides_of(argv: list[str]) -> list[str] | None:

@@ -14,7 +14,7 @@ its config may ask for gradient refinement after each tell (protocol.RefiningStr
 A strategy that runs a whole job itself (PBT on Ray Tune) names its runner instead, as
 "module:function", so that registering it imports no Ray:
 
-    register_strategy("pbt", config=PBTConfig, runner="evora.strategies.pbt.runner:run_pbt", ...)
+    register_strategy("pbt", config=PBTConfig, runner="evora.jobs.pbt.run:run_pbt", ...)
 
 `strategy.name` may also be an import path, `mypkg.strategies:MyStrategy`, or the name of
 a Python entry point in the `evora.strategies` group; either is imported on first use.
@@ -42,7 +42,7 @@ class StrategyEntry:
     config: type  # frozen dataclass with a `name` field; Hydra composes conf/strategy/<name>.yaml onto it
     summary: str  # one line for `evora --help`
     strategy: type | None = None  # ask/tell class, built as strategy(config, run_seed)
-    runner: str | None = None  # "module:function(run, run_dir, on_event) -> final event" for job-level strategies
+    runner: str | None = None  # "module:function(plan, run_dir, on_event) -> final event" for job-level strategies
     validate: Callable[[Any, Any], None] | None = None  # (strategy config, run config); raises ConfigError
     center: str | None = None  # what the final adapter is called in the run folder (mean, elite)
     report_keys: tuple[str, ...] = ()  # config keys the run report shows

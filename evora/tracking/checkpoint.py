@@ -98,5 +98,5 @@ def saved_generation(run_dir: str | os.PathLike) -> int | None:
         return None
     try:
         return int(load(path)["loop"]["next_generation"])
-    except Exception:  # not an evora run checkpoint (e.g. PBT keeps Tune's): no generation to name
+    except Exception:  # not an evora run checkpoint (a job runner may keep its own): no generation to name
         return None

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol, cast
 
-from evora.tracking.run_dir import METRICS_FILE, TRIALS_FILE
+from evora.tracking.run_dir import METRICS_FILE
 
 
 class MetricsSink(Protocol):
@@ -120,9 +120,3 @@ def read_metrics(run_dir: str | Path, filename: str = METRICS_FILE) -> list[dict
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def read_trials(run_dir: str | Path) -> list[dict[str, Any]]:
-    """PBT's trials.jsonl, the last result of every (trial, generation): a resumed trial repeats a few."""
-    latest = {(r["trial"], r["generation"]): r for r in read_metrics(run_dir, TRIALS_FILE)}
-    return sorted(latest.values(), key=lambda r: (r["generation"], r["trial"]))

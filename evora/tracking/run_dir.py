@@ -14,8 +14,7 @@ SECRET_KEY = re.compile(r"(key|token|secret|password)$", re.IGNORECASE)
 REDACTED = "<redacted>"
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
-LINEAGE_FILE = "lineage.jsonl"  # GA/PBT family tree: one record per member
-TRIALS_FILE = "trials.jsonl"  # PBT: every trial's result, every generation
+LINEAGE_FILE = "lineage.jsonl"  # a family tree, for strategies that keep one: one record per member
 
 
 def run_tag(run_dir: str | Path) -> str:

@@ -15,7 +15,7 @@ boundary (`evora/jobs/pbt/trial.py`).
 from __future__ import annotations
 
 import random
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +99,7 @@ class LoraSFT:
         theirs = [s["exp_avg"].shape for s in optimizer_state.get("state", {}).values()]
         return len(ours) == len(theirs) and all(a == b for a, b in zip(ours, theirs))
 
-    def _autocast(self):
+    def _autocast(self) -> AbstractContextManager[Any]:
         if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()

@@ -22,8 +22,8 @@ from evora.lora.peft_io import save_adapter
 from evora.lora.resize import resize_adapter, truncate_product
 from evora.plan.compose import compose_run
 from evora.strategies.pbt.space import KEYS, explore, member_id, module_sets, sample
-from evora.tracking.metrics import read_metrics, read_trials
-from evora.tracking.run_dir import TRIALS_FILE
+from evora.strategies.pbt.trials import TRIALS_FILE, read_trials
+from evora.tracking.metrics import read_metrics
 from evora.training.lora_sft import LoraSFT, TrainSettings, batch_of, lr_at
 from evora.training.lora_spec import LoraSpec
 
@@ -328,7 +328,8 @@ def _results(log, rows):
 def test_rounds_are_logged_when_every_member_reported_them_and_once_after_a_restore(tmp_path, monkeypatch):
     scored = iter([2 * 1000 * 50, 2 * 1000 * 90, 2 * 1000 * 30])  # the service's search scoring so far
     monkeypatch.setattr(records, "scoring_flops", lambda service, parameters: next(scored))
-    log = RoundLog(str(tmp_path), population=2, parameters=1000, service="unused")
+    run = compose_run(["strategy=pbt", "strategy.population=2"])
+    log = RoundLog(run, str(tmp_path), parameters=1000, service="unused")
     stored = pickle.dumps(log)  # as Tune stores it with the experiment, before the first result
     _results(log, ROWS[:1])
     assert read_metrics(tmp_path) == []

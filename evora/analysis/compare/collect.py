@@ -154,7 +154,7 @@ def read_row(name: str, run: Path) -> RunRow:
     return RunRow(
         name=name,
         path=run,
-        # The config names it; a summary (sft, grpo, es, ...) still does when the config lacks a name.
+        # The config names it; a summary still does when the config lacks a name.
         strategy=strategy_name(config, summary),
         task=_config_name(config, "task"),
         model=_config_name(config, "model"),

@@ -36,10 +36,12 @@ def quiet_tune() -> None:
 
 
 def callbacks(run: RunConfig, run_dir: Path, context: TrialContext, parameters: int) -> list[Any]:
-    """trials.jsonl, console lines and metrics.jsonl always; W&B's logger with tracking=wandb."""
+    """trials.jsonl and console lines; rounds through evora's sinks (metrics.jsonl, and the
+    job's W&B run with tracking=wandb); there, each member also as a W&B run of the same group
+    (Ray's W&B logger: a member's own curve)."""
     found: list[Any] = [
         TrialLog(str(run_dir), run.generations, quiet=not run.tracking.progress),
-        RoundLog(str(run_dir), run.strategy.population, parameters, context.service),
+        RoundLog(run, str(run_dir), parameters, context.service),
     ]
     if run.tracking.name == "wandb":
         from ray.air.integrations.wandb import WandbLoggerCallback
@@ -49,7 +51,7 @@ def callbacks(run: RunConfig, run_dir: Path, context: TrialContext, parameters: 
             WandbLoggerCallback(
                 project=tracking.wandb_project,
                 entity=tracking.wandb_entity,
-                group=tracking.wandb_group or run_dir.name,
+                group=tracking.wandb_group or run.name,
                 mode=tracking.wandb_mode,
                 dir=str(run_dir),
                 log_config=False,

@@ -18,9 +18,10 @@ from evora.jobs.pbt.records import converged
 from evora.jobs.pbt.trial import TrialContext, layout_for
 from evora.lora.peft_io import load_adapter_tensors, save_adapter
 from evora.plan.run_plan import RunPlan
+from evora.strategies.pbt.trials import read_trials
 from evora.tasks.fitness import parse_fitness
 from evora.tracking.compute import ComputeLedger
-from evora.tracking.metrics import read_metrics, read_trials
+from evora.tracking.metrics import read_metrics
 
 
 def members(run: RunConfig, context: TrialContext, service: Any, results: Any) -> list[dict[str, Any]]:

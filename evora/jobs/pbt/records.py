@@ -13,10 +13,12 @@ from typing import Any
 import ray
 from ray.tune import Callback
 
+from evora.config.schema import RunConfig
+from evora.distributed.recorder import wandb_sink
 from evora.strategies.pbt.space import KEYS
+from evora.strategies.pbt.trials import TRIALS_FILE, read_trials
 from evora.tracking.compute import Spend
-from evora.tracking.metrics import JsonlSink, read_metrics, read_trials
-from evora.tracking.run_dir import TRIALS_FILE
+from evora.tracking.metrics import JsonlSink, MetricsSink, read_metrics
 
 TRIAL_KEYS = (
     "generation",
@@ -87,22 +89,25 @@ def scoring_flops(service: str, parameters: int) -> float:
 
 
 class RoundLog(Callback):
-    """metrics.jsonl as rounds complete. Its state comes from the run folder on the first
-    result (trials.jsonl, metrics.jsonl), so a restored run logs only the rounds not yet
-    logged; a round's scoring is what the service scored since the previous round (after a
-    restore, the new service's count starts with the rounds redone)."""
+    """Rounds as they complete, through evora's sinks (metrics.jsonl, and W&B with
+    tracking=wandb: one W&B run for the job, as for every strategy). Its state comes from the
+    run folder on the first result (trials.jsonl, metrics.jsonl), so a restored run logs only
+    the rounds not yet logged; a round's scoring is what the service scored since the previous
+    round (after a restore, the new service's count starts with the rounds redone)."""
 
-    def __init__(self, run_dir: str, population: int, parameters: int, service: str):
-        self.run_dir, self.population, self.parameters, self.service = run_dir, population, parameters, service
+    def __init__(self, run: RunConfig, run_dir: str, parameters: int, service: str):
+        self.run, self.run_dir, self.parameters, self.service = run, run_dir, parameters, service
+        self.population = run.strategy.population
         self._reset()
 
     def _reset(self) -> None:
         self.rows: dict[tuple[str, int], dict[str, Any]] | None = None  # (trial, generation) -> its result
         self.logged, self.cumulative, self.scored = 0, 0.0, 0.0
-        self.sink: JsonlSink | None = None
+        self.sinks: list[MetricsSink] = []
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k in ("run_dir", "population", "parameters", "service")}
+        kept = ("run", "run_dir", "population", "parameters", "service")
+        return {k: v for k, v in self.__dict__.items() if k in kept}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -113,7 +118,9 @@ class RoundLog(Callback):
         logged = read_metrics(self.run_dir)
         if logged:
             self.logged, self.cumulative = int(logged[-1]["generation"]), float(logged[-1]["cumulative_flops"] or 0.0)
-        self.sink = JsonlSink(self.run_dir, lazy=True)
+        self.sinks = [JsonlSink(self.run_dir, lazy=True)]
+        if self.run.tracking.name == "wandb":
+            self.sinks.append(wandb_sink(self.run, Path(self.run_dir)))
         return rows
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
@@ -130,13 +137,13 @@ class RoundLog(Callback):
     def log_round(self, generation: int, rows: list[dict[str, Any]]) -> None:
         scored = scoring_flops(self.service, self.parameters)
         record = round_record(generation, rows, self.parameters, scored - self.scored, self.cumulative)
-        assert self.sink is not None
-        self.sink.log(record)
+        for sink in self.sinks:
+            sink.log(record)
         self.logged, self.cumulative, self.scored = generation, record["cumulative_flops"], scored
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
-        if self.sink is not None:
-            self.sink.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 def converged(best_by_generation: list[float], window: int = 5, threshold: float = 0.01) -> bool | None:

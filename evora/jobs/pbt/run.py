@@ -14,6 +14,7 @@ import ray
 from evora.config.schema import RunConfig
 from evora.distributed.evaluate import EvaluationService
 from evora.distributed.ray_session import init_ray
+from evora.distributed.recorder import start_event
 from evora.distributed.worker import worker_spec
 from evora.errors import ConfigError
 from evora.jobs.pbt.experiment import experiment_dir, quiet_tune, tuner
@@ -57,21 +58,6 @@ def check_trial_resources(run: RunConfig) -> None:
             )
 
 
-def start_event(run: RunConfig, workers: Any, restore: bool, setup_seconds: float) -> dict[str, Any]:
-    return {
-        "kind": "start",
-        "strategy": "pbt",
-        "population": run.strategy.population,
-        "generations": run.generations,
-        "start": 0,
-        "workers": workers,
-        "resumed": restore,
-        "base_heldout": None,
-        "adapter_parameters": None,
-        "setup_seconds": setup_seconds,
-    }
-
-
 def run_pbt(plan: RunPlan, run_dir: str, on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     started, run = time.perf_counter(), plan.run
     require_written_for_this_ray()
@@ -87,7 +73,19 @@ def run_pbt(plan: RunPlan, run_dir: str, on_event: Callable[[dict[str, Any]], No
     workers = ray.get(service.workers.remote())
     check_trial_resources(run)
     context = TrialContext(run, plan.model_path, name, plan.modules.adaptable)
-    on_event(start_event(run, workers, restore, time.perf_counter() - started))
+    on_event(
+        start_event(
+            plan.entry.name,
+            generations=run.generations,
+            start=0,
+            workers=workers,
+            base_heldout=None,
+            resumed=restore,
+            adapter_parameters=None,
+            setup_seconds=time.perf_counter() - started,
+            population=run.strategy.population,
+        )
+    )
     ledger = ComputeLedger(plan.parameters)
     ledger.add_seconds("setup", time.perf_counter() - started)
     try:

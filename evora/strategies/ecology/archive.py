@@ -27,7 +27,9 @@ def all_cells(families: list[str], cost_bins: list[float]) -> list[str]:
     return [f"{f}|{b}" for f in families for b in range(len(cost_bins) + 1)]
 
 
-def update(archive: dict[str, dict[str, Any]], organelles: list[Organelle], families: list[str], bins: list[float]):
+def update(
+    archive: dict[str, dict[str, Any]], organelles: list[Organelle], families: list[str], bins: list[float]
+) -> list[str]:
     """Place each organelle in its cell if it beats the cell's elite; returns the cells it changed."""
     changed = []
     for organelle in organelles:

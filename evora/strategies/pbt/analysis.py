@@ -6,25 +6,18 @@ files with json; imports no Ray, no evora.analysis or evora.tracking."""
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 from statistics import mean
 from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from evora.strategies.analysis_hooks import Analysis, FigureMaker, Record, RunData, read_jsonl
+from evora.strategies.analysis_hooks import Analysis, FigureMaker, Record, RunData
 from evora.strategies.figures import new_figure, plot_lineage, plot_mutation_effects
 from evora.strategies.pbt.space import KEYS as HYPERPARAMETERS
+from evora.strategies.pbt.trials import read_trials
 
-TRIALS_FILE = "trials.jsonl"  # as evora.tracking.run_dir names it (the runner writes it)
 TITLES = {"hyperparameters": "Mean fitness by rank and learning rate", "survival": "Hyperparameter survival"}
-
-
-def read_trials(run: Path) -> list[Record]:
-    """trials.jsonl, the last result of every (trial, generation): a resumed trial repeats a few."""
-    latest = {(r["trial"], r["generation"]): r for r in read_jsonl(run / TRIALS_FILE)}
-    return sorted(latest.values(), key=lambda r: (r["generation"], r["trial"]))
 
 
 def _series(records: list[Record], key: str) -> tuple[list[int], list[float]]:
