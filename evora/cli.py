@@ -18,7 +18,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -28,6 +28,7 @@ from evora.errors import EvoraError
 from evora.plan.compose import CONF_DIR, resolve_strategy_overrides, setup, to_run_config
 from evora.plan.jobs import job_plan, preflight
 from evora.strategies import get_strategy
+from evora.tracking.events import Event, OnEvent
 from evora.tracking.sweep import with_sweep_tracking
 
 EXIT_BAD_INPUT = 2
@@ -77,10 +78,10 @@ def _install_interrupt_handlers() -> None:
         signal.signal(signal.SIGINT, _raise_interrupt)
 
 
-def _checked(on_event: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+def _checked(on_event: OnEvent) -> OnEvent:
     """on_event that first raises an interrupt swallowed since the last event."""
 
-    def handle(event: dict[str, Any]) -> None:
+    def handle(event: Event) -> None:
         if _PENDING:
             raise _PENDING[-1]
         on_event(event)
@@ -98,7 +99,7 @@ def _interrupted(error: BaseException, run_dir: Path) -> NoReturn:
     raise SystemExit(128 + (signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT))
 
 
-def run_job(cfg: DictConfig) -> dict[str, Any]:
+def run_job(cfg: DictConfig) -> Event:
     """One job: its run plan (the preflight's) -> driver on Ray -> final summary."""
     try:
         plan = job_plan(to_run_config(cfg), list(HydraConfig.get().overrides.task), validated=False)
@@ -138,7 +139,7 @@ def _interrupt_in(error: BaseException) -> BaseException | None:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def _hydra_main(cfg: DictConfig) -> dict[str, Any]:
+def _hydra_main(cfg: DictConfig) -> Event:
     return run_job(cfg)
 
 

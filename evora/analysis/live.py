@@ -12,7 +12,7 @@ from evora.tracking.metrics import read_metrics
 
 
 class RewardPlotSink:
-    """plots/reward.png redrawn as the run goes (as the ES-over-LoRA notes draw it live): at most every
+    """plots/reward.png redrawn as the run goes (as the seed documents draw it live): at most every
     `every_s` seconds, and at the end. Written to a temporary name, then renamed, so a
     viewer never opens half a PNG."""
 

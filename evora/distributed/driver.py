@@ -16,7 +16,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import ray
 
@@ -35,6 +35,7 @@ from evora.plan.run_plan import RunPlan
 from evora.strategies.protocol import FULL_WEIGHT, StrategyContext, state_fields
 from evora.tracking import checkpoint
 from evora.tracking.compute import ComputeLedger, Spend
+from evora.tracking.events import FinalEvent, StartEvent
 from evora.tracking.run_dir import run_tag, write_config
 
 
@@ -77,7 +78,14 @@ class Driver:
         # Named per driver process: a restarted driver's workers must not clash with the old ones' names.
         layout = self.plan.layout
         self.pool = pool = WorkerPool.start(
-            worker_spec(self.run_cfg, self.plan.model_path, layout, self.run_tag, max_lora_rank=engine_rank(layout)),
+            worker_spec(
+                self.run_cfg,
+                self.plan.model_path,
+                layout,
+                self.run_tag,
+                max_lora_rank=engine_rank(layout),
+                resolved=(self.plan.task, self.plan.splits),
+            ),
             self.run_cfg.hardware,
             name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}",
         )
@@ -117,7 +125,7 @@ class Driver:
 
     # --- the loop -------------------------------------------------------------------
 
-    def run(self) -> Iterator[dict[str, Any]]:
+    def run(self) -> Iterator[Mapping[str, Any]]:
         start = time.perf_counter()
         try:
             self._setup()
@@ -133,7 +141,7 @@ class Driver:
         finally:
             self.opened.close()
 
-    def _start_event(self, setup_seconds: float) -> dict[str, Any]:
+    def _start_event(self, setup_seconds: float) -> StartEvent:
         loop, layout = self.loop, self.plan.layout
         moved = None
         if self.weights is not None:  # what a full-weight strategy moves, and the host memory it keeps on every worker
@@ -207,7 +215,7 @@ class Driver:
 
     # --- finish ---------------------------------------------------------------------
 
-    def _finish(self) -> dict[str, Any]:
+    def _finish(self) -> FinalEvent:
         started, done, spend, loop = time.perf_counter(), self.done, Spend(), self.loop
         export = EXPORTERS[self.entry.kind](
             ExportParts(

@@ -13,7 +13,6 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from evora.analysis.comparison import build_report, write_reports
-from evora.config.schema import RunConfig
 from evora.distributed.evaluate import SplitOutcome, evaluate_split
 from evora.distributed.finish import report_against_base
 from evora.distributed.pool import WorkerPool
@@ -32,11 +31,14 @@ from evora.tracking.run_dir import run_tag
 
 
 @contextmanager
-def _worker_pool(run: RunConfig, model_path: str, layout: AdapterLayout, out_dir: str) -> Iterator[WorkerPool]:
+def _worker_pool(plan: RunPlan, layout: AdapterLayout, out_dir: str) -> Iterator[WorkerPool]:
     """Ray and an evaluation-only worker pool for `layout`; shut down (scratch swept) on the way out."""
+    run, tag = plan.run, run_tag(out_dir)
     init_ray(run)
-    tag = run_tag(out_dir)
-    spec = worker_spec(run, model_path, layout, tag, with_strategy=False, max_lora_rank=layout.rank)
+    resolved = (plan.task, plan.splits)
+    spec = worker_spec(
+        run, plan.model_path, layout, tag, with_strategy=False, max_lora_rank=layout.rank, resolved=resolved
+    )
     pool = WorkerPool.start(spec, run.hardware)
     try:
         yield pool
@@ -51,7 +53,7 @@ def run_evaluation(plan: RunPlan, adapter: str | None, compare: bool, split: str
     if adapter is not None:
         layout, theta = layout_of_adapter(adapter, plan.modules.adaptable), load_adapter_tensors(adapter)
     examples = plan.splits.get(split)
-    with _worker_pool(run, plan.model_path, layout, out_dir) as pool:
+    with _worker_pool(plan, layout, out_dir) as pool:
         return report_against_base(
             lambda theta_, layout_, ops: evaluate_split(
                 pool, theta_, ops, split, len(examples), keep_texts=True, perplexity=True
@@ -99,7 +101,7 @@ def run_portfolio_evaluation(
     layout = members_layout(portfolio, plan.modules.adaptable)
     members = [load_adapter_tensors(folder) for folder in portfolio.folders]
     examples = plan.splits.get(split)
-    with _worker_pool(run, plan.model_path, layout, out_dir) as pool:
+    with _worker_pool(plan, layout, out_dir) as pool:
         matrices, rows = evaluate_routed(
             pool, list(portfolio.ids), members, portfolio.routing, split, examples,
             max_loras=run.engine.max_loras, generation=0, spend=Spend(), keep_texts=True,

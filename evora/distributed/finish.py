@@ -16,6 +16,7 @@ from evora.analysis.comparison import build_report, write_reports
 from evora.distributed.evaluate import SplitOutcome
 from evora.lora.layout import AdapterLayout
 from evora.strategies.protocol import BASE, CENTER, Tensors
+from evora.tracking.events import FinalEvent
 from evora.tracking.summary import SCHEMA_VERSION, write_summary
 
 # (adapter or None, its layout or None for the pool's, ops) -> outcomes with completion texts
@@ -90,6 +91,6 @@ def write_run_summary(
     return summary
 
 
-def final_event(summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def final_event(summary: dict[str, Any], run_dir: Path) -> FinalEvent:
     """The one console event a run ends with."""
-    return {"kind": "final", "summary": summary, "run_dir": str(run_dir)}
+    return FinalEvent(kind="final", summary=summary, run_dir=str(run_dir))

@@ -5,7 +5,7 @@ stream to the console."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -15,6 +15,7 @@ from evora.distributed.ray_session import NAMESPACE, init_ray, started_here
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import EvoraError
 from evora.plan.run_plan import RunPlan
+from evora.tracking.events import Event, OnEvent
 from evora.tracking.run_dir import run_tag
 
 __all__ = ["NAMESPACE", "driver_name", "launch"]
@@ -24,7 +25,7 @@ def driver_name(run_dir: str) -> str:
     return f"evora-driver-{run_tag(run_dir)}"
 
 
-def launch(plan: RunPlan, run_dir: str, on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def launch(plan: RunPlan, run_dir: str, on_event: OnEvent) -> Event:
     """Run the job to its end; returns the final event."""
     run = plan.run
     runner = plan.entry.run_function()
@@ -113,8 +114,8 @@ def _await_ready(driver: Any) -> None:
             time.sleep(0.2)  # refused while restarting: ask again shortly (a poll, bounded by the deadline)
 
 
-def _stream(driver: Any, on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    final: dict[str, Any] = {}
+def _stream(driver: Any, on_event: OnEvent) -> Event:
+    final: Event = {}
     for ref in driver.run.options(num_returns="streaming").remote():
         event = ray.get(ref)
         on_event(event)

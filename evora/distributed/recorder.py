@@ -16,6 +16,7 @@ from evora.analysis.live import RewardPlotSink
 from evora.analysis.plots import write_plots
 from evora.config.schema import RunConfig
 from evora.tracking.compute import ComputeLedger, Spend
+from evora.tracking.events import StartEvent
 from evora.tracking.metrics import JsonlSink, MetricsSink, WandbSink
 from evora.tracking.run_dir import LINEAGE_FILE, config_dict
 
@@ -98,20 +99,23 @@ def start_event(
     setup_seconds: float,
     moved: dict[str, int] | None = None,
     population: int | None = None,
-) -> dict[str, Any]:
+) -> StartEvent:
     """The event every run's console starts from, the shared loop's and a job runner's.
     `moved`: a full-weight strategy's weights and master bytes; `population`: a job whose
     members report themselves (PBT), so the console draws no generation bar."""
-    return {
-        "kind": "start",
-        "strategy": strategy,
-        **({} if population is None else {"population": population}),
-        "generations": generations,
-        "start": start,
-        "workers": workers,
-        "base_heldout": base_heldout,
-        "resumed": resumed,
-        "adapter_parameters": adapter_parameters,
-        **(moved or {}),
-        "setup_seconds": setup_seconds,
-    }
+    event = StartEvent(
+        kind="start",
+        strategy=strategy,
+        generations=generations,
+        start=start,
+        workers=workers,
+        base_heldout=base_heldout,
+        resumed=resumed,
+        adapter_parameters=adapter_parameters,
+        setup_seconds=setup_seconds,
+    )
+    if population is not None:
+        event["population"] = population
+    if moved is not None:
+        event["full_weights"], event["master_bytes"] = moved["full_weights"], moved["master_bytes"]
+    return event

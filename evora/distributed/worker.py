@@ -31,7 +31,7 @@ from evora.lora.layout import AdapterLayout
 from evora.strategies import get_strategy
 from evora.strategies.full_weights import FullWeightStrategy, MasterWeights, matrix_name, transposed_matrices
 from evora.strategies.protocol import materialise, prompts_of
-from evora.tasks import build_task
+from evora.tasks import Splits, Task, build_task
 from evora.tasks.fitness import perplexity
 from evora.tasks.prompts import PromptRenderer
 from evora.tasks.reward_pool import reward_scorer
@@ -53,6 +53,8 @@ class WorkerSpec:
     adapter_dir: str
     run_tag: str  # names this run's tmpfs scratch folders
     strategy: Any = None
+    # The task and its splits as the run plan resolved them; None: the worker builds them from `task`.
+    resolved: tuple[Task, Splits] | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ def worker_spec(
     *,
     with_strategy: bool = True,
     max_lora_rank: int | None = None,
+    resolved: tuple[Task, Splits] | None = None,
 ) -> WorkerSpec:
     # The engine wraps the modules the layout targets (PBT: the union over its search space).
     engine = replace(engine_spec(run, model_path, max_lora_rank), lora_target_modules=tuple(layout.target_modules))
@@ -156,7 +159,13 @@ def worker_spec(
         run.engine.adapter_dir,
         run_tag,
         run.strategy if with_strategy else None,
+        resolved,
     )
+
+
+def resolve_task(cfg: TaskConfig, seed: int) -> tuple[Task, Splits]:
+    task = build_task(cfg, seed)
+    return task, task.splits()
 
 
 def load_tokenizer(spec: EngineSpec) -> Any:
@@ -203,8 +212,7 @@ class EngineWorker:
         self.layout = spec.layout
         self.max_tokens = spec.task.max_tokens
         torch.set_num_threads(spec.engine.cpu_threads)
-        self.task = build_task(spec.task, spec.seed)
-        self.splits = self.task.splits()
+        self.task, self.splits = spec.resolved or resolve_task(spec.task, spec.seed)
         self.rewards = reward_scorer(self.task, spec.task, spec.seed)
         self.renderer = PromptRenderer(
             load_tokenizer(spec.engine), spec.task.prompt_format, self.task.plain_template, spec.task.system_prompt

@@ -15,12 +15,14 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from evora.tracking.events import Event
+
 
 def _fmt(value: float | None) -> str:
     return "  -  " if value is None else f"{value:.3f}"
 
 
-def generation_line(s: dict[str, Any], extra: tuple[tuple[str, str], ...] = ()) -> str:
+def generation_line(s: Event, extra: tuple[tuple[str, str], ...] = ()) -> str:
     """One generation; `extra` are the strategy's own (metrics key, label) pairs (its registry entry)."""
     heldout = f"  held-out {_fmt(s['heldout_reward'])}" if s.get("heldout_reward") is not None else ""
     own = "".join(f"  {label} {_fmt(s[key])}" for key, label in extra if s.get(key) is not None)
@@ -35,7 +37,7 @@ def generation_line(s: dict[str, Any], extra: tuple[tuple[str, str], ...] = ()) 
     return f"gen {s['generation']:>4}{of}{population}{heldout}{own}  {s['seconds']:.1f}s{speed}"
 
 
-def members_report(start: dict[str, Any]) -> bool:
+def members_report(start: Event) -> bool:
     """Whether the run's members report themselves. The start event's optional `population` is part
     of its contract: a strategy that runs its own job (a registry `runner`) and trains its members
     as trials of its own names how many there are; each prints its own line as it finishes, out of
@@ -51,7 +53,7 @@ def pool_line(change: dict[str, Any]) -> str:
     return f"engine worker {change['worker']} started as a replacement (node {change['node'][:12]})"
 
 
-def final_lines(event: dict[str, Any]) -> list[str]:
+def final_lines(event: Event) -> list[str]:
     """The run's end, from its summary (the one schema every strategy writes)."""
     s, run_dir = event["summary"], event["run_dir"]
     base, best, final = s["base"], s["best"], s["final"]
@@ -113,7 +115,7 @@ class ConsoleProgress:
     def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
 
-    def handle(self, event: dict[str, Any]) -> None:
+    def handle(self, event: Event) -> None:
         kind = event["kind"]
         if kind == "start":
             self._start(event)
@@ -132,7 +134,7 @@ class ConsoleProgress:
                 self.progress.remove_task(self.task)
                 self.task = None
 
-    def _start(self, event: dict[str, Any]) -> None:
+    def _start(self, event: Event) -> None:
         resumed = f", resumed at generation {event['start']}" if event["resumed"] else ""
         parts = [f"strategy {event['strategy']}", f"{event['workers']} engine worker(s)"]
         if event.get("population") is not None:  # a job's members, see members_report

@@ -21,6 +21,7 @@ from evora.plan.run_plan import RunPlan
 from evora.strategies.pbt.trials import read_trials
 from evora.tasks.fitness import parse_fitness
 from evora.tracking.compute import ComputeLedger
+from evora.tracking.events import FinalEvent
 from evora.tracking.metrics import read_metrics
 
 
@@ -78,7 +79,7 @@ def book_compute(folder: Path, service: Any, ledger: ComputeLedger) -> None:
 
 def finish(
     plan: RunPlan, folder: Path, context: TrialContext, service: Any, results: Any, ledger: ComputeLedger
-) -> dict[str, Any]:
+) -> FinalEvent:
     """Best member's adapter, every member's held-out fitness, the base comparison, the summary."""
     started, run = time.perf_counter(), plan.run
     scored = members(run, context, service, results)

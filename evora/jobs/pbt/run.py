@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import ray
 
@@ -24,6 +24,7 @@ from evora.jobs.pbt.tune_private import require_written_for_this_ray
 from evora.lora.layout import build_layout
 from evora.plan.run_plan import RunPlan
 from evora.tracking.compute import ComputeLedger
+from evora.tracking.events import Event, OnEvent
 from evora.tracking.run_dir import run_tag, write_config
 
 
@@ -42,7 +43,8 @@ def evaluation_service(plan: RunPlan, name: str) -> Any:
         base_model=model_path,
     )
     sizes = {split: len(plan.splits.get(split)) for split in ("train", "selection", "heldout")}
-    spec = worker_spec(run, model_path, layout, name.rsplit("-", 1)[-1], with_strategy=False, max_lora_rank=widest)
+    tag, resolved = name.rsplit("-", 1)[-1], (plan.task, plan.splits)
+    spec = worker_spec(run, model_path, layout, tag, with_strategy=False, max_lora_rank=widest, resolved=resolved)
     return ray.remote(EvaluationService).options(name=name, num_cpus=0).remote(spec, hardware, sizes)
 
 
@@ -58,7 +60,7 @@ def check_trial_resources(run: RunConfig) -> None:
             )
 
 
-def run_pbt(plan: RunPlan, run_dir: str, on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def run_pbt(plan: RunPlan, run_dir: str, on_event: OnEvent) -> Event:
     started, run = time.perf_counter(), plan.run
     require_written_for_this_ray()
     quiet_tune()
@@ -72,7 +74,7 @@ def run_pbt(plan: RunPlan, run_dir: str, on_event: Callable[[dict[str, Any]], No
     # Engines first: trials started earlier could take the CPUs/GPUs the engine workers need.
     workers = ray.get(service.workers.remote())
     check_trial_resources(run)
-    context = TrialContext(run, plan.model_path, name, plan.modules.adaptable)
+    context = TrialContext(run, plan.model_path, name, plan.modules.adaptable, (plan.task, plan.splits))
     on_event(
         start_event(
             plan.entry.name,

@@ -14,14 +14,14 @@ import torch
 from ray import tune
 
 from evora.config.schema import RunConfig
-from evora.distributed.worker import engine_spec, load_tokenizer
+from evora.distributed.worker import engine_spec, load_tokenizer, resolve_task
 from evora.lora import Tensors
 from evora.lora.layout import Adaptable, AdapterLayout, build_layout
 from evora.lora.noise import noise_key
 from evora.lora.peft_io import load_adapter_tensors, save_adapter
 from evora.lora.resize import resize_adapter
 from evora.strategies.pbt.space import KEYS, member_id, modules_of
-from evora.tasks import build_task
+from evora.tasks import Splits, Task
 from evora.tasks.fitness import parse_fitness
 from evora.tasks.prompts import PromptRenderer
 from evora.training.lora_sft import LoraSFT, Pair, TrainSettings
@@ -34,6 +34,7 @@ class TrialContext:
     model_path: str
     service: str  # name of the EvaluationService actor
     shapes: dict[str, Adaptable]  # adaptable module name -> shape and kind
+    resolved: tuple[Task, Splits] | None = None  # the run plan's task and splits; None: built from the config
 
 
 def layout_for(hp: dict[str, Any], context: TrialContext) -> AdapterLayout:
@@ -79,18 +80,20 @@ def starting_point(folder: Path | None, hp: dict[str, Any], trial_id: str, conte
     return Start(adapter, meta["optimizer"], meta["step"], meta["generation"], parent=meta["member"])
 
 
-def training_pairs(run: RunConfig, model_path: str) -> tuple[list[Pair], int]:
-    task = build_task(run.task, run.seed)
+def training_pairs(
+    run: RunConfig, model_path: str, resolved: tuple[Task, Splits] | None = None
+) -> tuple[list[Pair], int]:
+    task, splits = resolved or resolve_task(run.task, run.seed)
     tokenizer = load_tokenizer(engine_spec(run, model_path))
     renderer = PromptRenderer(tokenizer, run.task.prompt_format, task.plain_template, run.task.system_prompt)
-    pairs = [(renderer.ids(e), renderer.target_ids(e)) for e in task.splits().train]
+    pairs = [(renderer.ids(e), renderer.target_ids(e)) for e in splits.train]
     return pairs, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def trainer_for(context: TrialContext, hp: dict[str, Any], start: Start, trial_id: str) -> LoraSFT:
     """The member's trainer, from where it starts (fresh, its own checkpoint, or a clone)."""
     run, space = context.run, context.run.strategy
-    pairs, pad_id = training_pairs(run, context.model_path)
+    pairs, pad_id = training_pairs(run, context.model_path, context.resolved)
     settings = TrainSettings(
         learning_rate=hp["learning_rate"],
         batch_size=space.batch_size,

@@ -1,0 +1,32 @@
+"""The events a run streams to its console (`evora.tracking.progress`): typed where their keys
+are fixed. A generation's event is its metrics record (open-ended: strategies add their own
+statistics) with `kind`, `generations` and `pool_events`."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal, Mapping, NotRequired, TypedDict
+
+
+class StartEvent(TypedDict):
+    kind: Literal["start"]
+    strategy: str
+    generations: int | None  # None: the run ends on a budget
+    start: int  # the first generation this session runs (a resume's is past 0)
+    workers: int
+    base_heldout: float | None  # the base model's held-out reward; None where a job has none
+    resumed: bool
+    adapter_parameters: int | None  # per candidate; None where candidates are no adapters
+    setup_seconds: float
+    population: NotRequired[int]  # a job whose members report themselves: no generation bar
+    full_weights: NotRequired[int]  # a full-weight strategy: the weights it moves
+    master_bytes: NotRequired[int]  # ... and the host memory of its master copies, per worker
+
+
+class FinalEvent(TypedDict):
+    kind: Literal["final"]
+    summary: dict[str, Any]  # eval/summary.json
+    run_dir: str
+
+
+Event = Mapping[str, Any]  # any of them, as the console takes it
+OnEvent = Callable[[Event], None]
