@@ -51,8 +51,8 @@ class PlanRef:
 
 
 class Driver:
-    def __init__(self, plan: RunPlan | PlanRef, run_dir: str):
-        plan = plan.get() if isinstance(plan, PlanRef) else plan
+    def __init__(self, plan_ref: PlanRef, run_dir: str):
+        plan = plan_ref.get()
         self.plan, self.run_cfg = plan, plan.run
         self.run_dir = Path(run_dir)
         self.run_tag = run_tag(run_dir)

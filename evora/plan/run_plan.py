@@ -190,8 +190,8 @@ def check_resume(folder: str) -> None:
 
 
 def check_environment(run: RunConfig) -> None:
-    if run.resume is not None:
-        check_resume(run.resume)
+    """What the config names outside itself; a resumed run's folder is checked before its
+    config is read (`plan.jobs.job_run`)."""
     task = run.task
     if task.data_path is not None:
         require(Path(task.data_path).is_file(), "task.data_path", task.data_path, "file not found")

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol, cast
 
+from evora.strategies.analysis_hooks import read_jsonl
 from evora.tracking.run_dir import METRICS_FILE
 
 
@@ -116,7 +117,4 @@ class WandbSink:
 
 
 def read_metrics(run_dir: str | Path, filename: str = METRICS_FILE) -> list[dict[str, Any]]:
-    path = Path(run_dir) / filename
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(Path(run_dir) / filename)
