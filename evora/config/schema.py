@@ -57,7 +57,19 @@ class TaskConfig:
     scorer: str = "exact"  # jsonl task: exact | numeric | fuzzy | regex | contains | choice
     prompt_field: str = "prompt"  # jsonl task
     answer_field: str = "answer"  # jsonl task
-    fitness: str = "reward"  # per-candidate fitness from reward, accuracy, perplexity, tokens
+    fitness: str = "reward"  # per-candidate fitness from reward, accuracy, perplexity, tokens, kl
+    kl_penalty: float = 0.0  # beta: fitness - beta * (mean per-token KL of the candidate's completions to the base)
+    # Decoding during search (train prompts); greedy (temperature 0, one sample) is the ES paper's setting.
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    samples: int = 1  # completions per (candidate, prompt), each with its own seed
+    aggregate: str = "mean"  # the samples of a cell -> its reward and correctness: mean | pass_at_k | majority
+    k: int = 1  # aggregate=pass_at_k: k (<= samples)
+    # Decoding on held-out and selection: pass@1 over eval_samples, and pass@eval_k (null: eval_samples).
+    eval_temperature: float = 0.0
+    eval_top_p: float = 1.0
+    eval_samples: int = 1
+    eval_k: Optional[int] = None
     reward_penalty: float = 0.0  # score of a completion whose user reward raised, hung or crashed
     reward_timeout_s: float = 10.0  # deadline of one user reward call
     reward_workers: int = 2  # reward processes per engine worker (user rewards)

@@ -29,7 +29,7 @@ from evora.distributed.recorder import Recorder, start_event
 from evora.distributed.scoring import CenterScoring
 from evora.distributed.search import SEARCHES, Search, SearchParts, knobs
 from evora.distributed.training import training_context
-from evora.distributed.worker import engine_rank, worker_spec
+from evora.distributed.worker_spec import engine_rank, worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.plan.run_plan import RunPlan
 from evora.strategies.protocol import FULL_WEIGHT, StrategyContext, state_fields

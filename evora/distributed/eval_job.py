@@ -18,7 +18,7 @@ from evora.distributed.finish import report_against_base
 from evora.distributed.pool import WorkerPool
 from evora.distributed.portfolio import RoutingFile, evaluate_routed, family_metrics, metrics_of, read_routing
 from evora.distributed.ray_session import init_ray
-from evora.distributed.worker import worker_spec
+from evora.distributed.worker_spec import worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import ConfigError
 from evora.lora.layout import Adaptable, AdapterLayout

@@ -11,9 +11,12 @@ import numpy as np
 import ray
 
 from evora.distributed.pool import WorkerPool
-from evora.distributed.worker import UnitResult, WorkerSpec, WorkUnit
+from evora.distributed.worker import UnitResult, WorkUnit
+from evora.distributed.worker_spec import WorkerSpec
 from evora.lora.layout import AdapterLayout
 from evora.strategies.protocol import BASE, CENTER, CandidateSpec, EvalPayload, Tensors
+from evora.tasks.aggregate import pass_at_k
+from evora.tasks.decoding import eval_decoding
 from evora.tracking.compute import Spend
 
 EVAL_CHUNK = 64  # examples per work unit
@@ -37,7 +40,7 @@ def search_units(specs: list, units: str, max_loras: int, workers: int) -> list[
 def spend_of(results: list[UnitResult]) -> Spend:
     return Spend(
         tokens_prompt=sum(r.tokens_prompt for r in results),
-        tokens_generated=int(sum(r.tokens.sum() for r in results)),
+        tokens_generated=sum(r.tokens_generated for r in results),
         tokens_scored=sum(r.tokens_scored for r in results),
     )
 
@@ -52,8 +55,13 @@ class SplitOutcome:
     perplexity: np.ndarray | None
     texts: list[str] | None
     kl: np.ndarray | None = None  # per example: mean per-token KL of the completion from the base model
+    correct_counts: np.ndarray | None = None  # per example: correct samples, when it was sampled several times
+    samples: int = 1
+    k: int = 1  # the k of the pass@k it reports (task.eval_k)
 
     def metrics(self) -> dict[str, float]:
+        """Means over the examples; sampled several times, the accuracy is pass@1 (the mean over
+        samples) and pass_at_1 and pass_at_<k> are reported (the unbiased estimator)."""
         out = {
             "reward": float(self.rewards.mean()),
             "accuracy": float(self.correct.mean()),
@@ -63,7 +71,18 @@ class SplitOutcome:
             out["perplexity"] = float(self.perplexity.mean())
         if self.kl is not None:
             out["kl"] = float(self.kl.mean())
+        if self.correct_counts is not None:
+            for k in sorted({1, self.k}):
+                estimates = [pass_at_k(self.samples, int(c), k) for c in self.correct_counts]
+                out[f"pass_at_{k}"] = float(np.mean(estimates))
         return out
+
+
+def sampled_counts(results: list[UnitResult], row: int) -> np.ndarray | None:
+    """One op's correct samples per example, when the split was sampled several times."""
+    if not results or results[0].correct_counts is None:
+        return None
+    return np.concatenate([rows_of(r.correct_counts, row) for r in results])
 
 
 def evaluate_split(
@@ -79,13 +98,17 @@ def evaluate_split(
     layout: AdapterLayout | None = None,
     spend: Spend | None = None,
     kl: bool = True,
+    kl_on_selection: bool = False,
+    k: int = 1,
 ) -> dict[str, SplitOutcome]:
     """Outcomes per op (BASE, CENTER) on the first `size` examples of `split`; `layout`
     describes theta when it is not the pool's layout; the compute is added to `spend`.
     Every held-out evaluation also measures the KL divergence of each op's completions from
-    the base model (the engine's estimator: exact with hf, top-k with vLLM; 0 for BASE)."""
+    the base model (the engine's estimator: exact with hf, top-k with vLLM; 0 for BASE), as
+    does selection with `kl_on_selection` (a fitness with a KL term); `k`: the pass@k to report
+    when the split is sampled several times."""
     specs = tuple(CandidateSpec(generation, i, op=op) for i, op in enumerate(ops))
-    kl = kl and split == "heldout"
+    kl = kl and (split == "heldout" or (kl_on_selection and split == "selection"))
     units = [
         WorkUnit(specs, split, tuple(c), keep_texts, perplexity, kl=kl) for c in chunks(list(range(size)), EVAL_CHUNK)
     ]
@@ -101,6 +124,9 @@ def evaluate_split(
             perplexity=np.concatenate([rows_of(r.perplexity, row) for r in results]) if perplexity else None,
             texts=[t for r in results for t in rows_of(r.texts, row)] if keep_texts else None,
             kl=np.concatenate([rows_of(r.kl, row) for r in results]) if kl else None,
+            correct_counts=sampled_counts(results, row),
+            samples=results[0].samples if results else 1,
+            k=k,
         )
     return outcomes
 
@@ -114,6 +140,7 @@ class CandidateMatrices:
     tokens: np.ndarray
     perplexity: np.ndarray | None  # when every unit scored perplexity
     evaluated: np.ndarray | None  # [candidate, prompt] bool when candidates were routed to prompts; None: all
+    kl: np.ndarray | None = None  # when every unit measured the KL to the base model (a fitness with a KL term)
 
 
 def candidate_matrices(results: list[UnitResult], population: int) -> CandidateMatrices:
@@ -122,6 +149,7 @@ def candidate_matrices(results: list[UnitResult], population: int) -> CandidateM
     if [index for index, _, _ in order] != list(range(population)):
         raise RuntimeError("a generation's results do not cover its population exactly once")
     perplexities = [r.perplexity[row] for _, r, row in order if r.perplexity is not None]
+    kls = [r.kl[row] for _, r, row in order if r.kl is not None]
     routed = any(r.evaluated is not None for r in results)
     return CandidateMatrices(
         rewards=np.stack([r.rewards[row] for _, r, row in order]),
@@ -129,6 +157,7 @@ def candidate_matrices(results: list[UnitResult], population: int) -> CandidateM
         tokens=np.stack([r.tokens[row] for _, r, row in order]),
         perplexity=np.stack(perplexities) if len(perplexities) == len(order) else None,
         evaluated=np.stack([evaluated_row(r, row) for _, r, row in order]) if routed else None,
+        kl=np.stack(kls) if len(kls) == len(order) else None,
     )
 
 
@@ -172,6 +201,7 @@ class EvaluationService:
     def __init__(self, spec: WorkerSpec, hardware: Any, split_sizes: dict[str, int]):
         self.pool = WorkerPool.start(spec, hardware)
         self.sizes = split_sizes
+        self.k = eval_decoding(spec.task).k
         self.spent: dict[str, Spend] = {}
 
     def workers(self) -> int:
@@ -199,6 +229,7 @@ class EvaluationService:
             perplexity=True,
             layout=layout,
             spend=self.spent.setdefault(bucket, Spend()),
+            k=self.k,
         )
 
     def metrics(self, theta: Tensors, layout: AdapterLayout, split: str, bucket: str = "search") -> dict[str, float]:

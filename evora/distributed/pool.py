@@ -18,7 +18,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostErro
 
 from evora.config.schema import HardwareConfig
 from evora.distributed.placement import Placement, place_workers, worker_count
-from evora.distributed.worker import EngineWorker, UnitResult, WorkerSpec, WorkUnit
+from evora.distributed.worker import EngineWorker, UnitResult, WorkUnit
+from evora.distributed.worker_spec import WorkerSpec
 from evora.engines.environment import engine_environment
 
 # A lost node also loses the results it held in its object store: those units are rerun too.

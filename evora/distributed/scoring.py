@@ -11,6 +11,7 @@ from evora.distributed.pool import WorkerPool
 from evora.lora import Tensors
 from evora.plan.run_plan import RunPlan
 from evora.strategies.protocol import BASE, CENTER
+from evora.tasks.decoding import eval_decoding
 from evora.tracking.compute import Spend
 
 
@@ -19,6 +20,7 @@ class CenterScoring:
         self.pool, self.splits, self.fitness = pool, plan.splits, plan.fitness
         # Under moved base weights an engine has no base model to measure the KL against.
         self.kl = not moves_weights
+        self.k = eval_decoding(plan.run.task).k
 
     def outcomes(
         self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend
@@ -47,6 +49,8 @@ class CenterScoring:
             perplexity=whole or self.fitness.needs_perplexity,
             spend=spend,
             kl=self.kl,
+            kl_on_selection=self.fitness.needs_kl,
+            k=self.k,
         )
 
     def with_fitness(self, metrics: dict[str, float]) -> dict[str, float]:

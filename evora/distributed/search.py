@@ -36,6 +36,7 @@ from evora.strategies.protocol import (
     TrainingContext,
     prompts_of,
 )
+from evora.tasks.fitness import FitnessExpression
 from evora.tracking.compute import Spend
 
 
@@ -77,7 +78,8 @@ class PopulationSearch:
         results = parts.pool.run(ray.put(payload), self._units(specs, prompts))
         changes = parts.pool.take_events()
         evaluated = time.perf_counter()
-        matrices, invalid = self._results(generation, prompts, results, len(specs))
+        keeps_texts = parts.keeps_texts
+        matrices, invalid = generation_results(self.fitness, generation, prompts, results, len(specs), keeps_texts)
         check_some_fitness(generation + 1, invalid, len(specs), parts.plan.run.strategy)
         told = self._tell(state, specs, matrices, generation)
         parts.recorder.family(told.lineage)
@@ -87,7 +89,7 @@ class PopulationSearch:
             **population_stats(matrices, self.fitness.text != "reward"),
             "fitness_invalid": invalid,
             **told.stats,
-            **unit_stats(results, matrices, evaluated - started),
+            **unit_stats(results, evaluated - started),
             "seconds_update": time.perf_counter() - evaluated,
             "workers_lost": sum(c["event"] == "worker-lost" for c in changes),
             "workers_replaced": sum(c["event"] == "worker-replaced" for c in changes),
@@ -99,7 +101,14 @@ class PopulationSearch:
     def _units(self, specs: list[Any], prompts: tuple[int, ...]) -> list[WorkUnit]:
         engine, texts = self.parts.plan.run.engine, self.parts.keeps_texts
         return [
-            WorkUnit(tuple(c), "train", prompts, keep_texts=texts, perplexity=self.fitness.needs_perplexity)
+            WorkUnit(
+                tuple(c),
+                "train",
+                prompts,
+                keep_texts=texts,
+                perplexity=self.fitness.needs_perplexity,
+                kl=self.fitness.needs_kl,
+            )
             for c in search_units(specs, engine.units, engine.max_loras, len(self.parts.pool))
         ]
 
@@ -116,23 +125,6 @@ class PopulationSearch:
         if parts.weights is not None:  # every worker applies the update to its own weights
             told.stats.update(parts.weights.to(told.state, generation + 1))
         return told
-
-    def _results(
-        self, generation: int, prompts: tuple[int, ...], results: list[UnitResult], population: int
-    ) -> tuple[GenerationResults, int]:
-        m = candidate_matrices(results, population)
-        means = {
-            "reward": row_means(m.rewards, m.evaluated),
-            "accuracy": row_means(m.correct, m.evaluated),
-            "tokens": row_means(m.tokens, m.evaluated),
-        }
-        if m.perplexity is not None:
-            means["perplexity"] = row_means(m.perplexity, m.evaluated)
-        row_fitness = [self.fitness({k: v[i] for k, v in means.items()}) for i in range(population)]
-        fitness, invalid = finite_fitness(np.array(row_fitness, dtype=np.float64))
-        texts = candidate_texts(results, population) if self.parts.keeps_texts else None
-        matrices = (m.rewards, m.correct, m.tokens, m.perplexity)
-        return GenerationResults(generation, prompts, *matrices, fitness, m.evaluated, texts), invalid
 
 
 class GradientSearch:
@@ -160,6 +152,40 @@ SEARCHES: dict[str, type[PopulationSearch] | type[GradientSearch]] = {
 # --- pieces ---------------------------------------------------------------------------------
 
 
+def generation_results(
+    fitness: FitnessExpression,
+    generation: int,
+    prompts: tuple[int, ...],
+    results: list[UnitResult],
+    population: int,
+    keeps_texts: bool = False,
+) -> tuple[GenerationResults, int]:
+    """The units' results as the generation's matrices, each candidate's fitness (the
+    expression of its row means, KL among them when measured) and each cell's; returns how
+    many fitness values were not finite."""
+    m = candidate_matrices(results, population)
+    cells = {"reward": m.rewards, "accuracy": m.correct, "tokens": m.tokens}
+    cells.update({name: values for name, values in (("perplexity", m.perplexity), ("kl", m.kl)) if values is not None})
+    means = {name: row_means(values, m.evaluated) for name, values in cells.items()}
+    row_fitness = [fitness({k: v[i] for k, v in means.items()}) for i in range(population)]
+    finite, invalid = finite_fitness(np.array(row_fitness, dtype=np.float64))
+    texts = candidate_texts(results, population) if keeps_texts else None
+    matrices = (m.rewards, m.correct, m.tokens, m.perplexity)
+    per_cell = cell_fitness(fitness, cells, m.evaluated)
+    return GenerationResults(generation, prompts, *matrices, finite, m.evaluated, texts, per_cell), invalid
+
+
+def cell_fitness(fitness: FitnessExpression, cells: dict[str, np.ndarray], evaluated: np.ndarray | None) -> np.ndarray:
+    """task.fitness of every [candidate, prompt] cell (NaN where not evaluated): what
+    shaping=per_prompt normalises per prompt."""
+    shape = cells["reward"].shape
+    out = np.full(shape, np.nan)
+    for i, j in np.ndindex(shape):
+        if evaluated is None or evaluated[i, j]:
+            out[i, j] = fitness({name: float(values[i, j]) for name, values in cells.items()})
+    return out
+
+
 def spread(prefix: str, values: np.ndarray) -> dict[str, float]:
     return {
         f"{prefix}_mean": float(values.mean()),
@@ -182,8 +208,8 @@ def population_stats(results: GenerationResults, with_fitness: bool) -> dict[str
     return stats
 
 
-def unit_stats(results: list[UnitResult], matrices: GenerationResults, seconds: float) -> dict[str, Any]:
-    tokens = matrices.tokens.sum()
+def unit_stats(results: list[UnitResult], seconds: float) -> dict[str, Any]:
+    tokens = sum(r.tokens_generated for r in results)  # every sample's
     return {
         "tokens": int(tokens),
         "tokens_per_second": tokens / max(seconds, 1e-9),

@@ -9,7 +9,7 @@ from typing import Callable
 
 import ray
 
-from evora.distributed.worker import engine_spec, load_tokenizer
+from evora.distributed.worker_spec import engine_spec, load_tokenizer
 from evora.plan.run_plan import RunPlan
 from evora.strategies.budget import Budget
 from evora.strategies.protocol import TrainingContext

@@ -3,58 +3,57 @@
 A unit is a few candidate specs and prompt indices. The worker rebuilds each candidate
 from the generation's payload (fetched once from the object store) and its spec,
 writes it to tmpfs under a fresh LoRA id, runs one batched `generate` over every
-(candidate, prompt) pair, scores the completions with the task's reward and returns
+(candidate, prompt) pair (each `samples` times when the split's decoding samples:
+`distributed/cells.py`), scores the completions with the task's reward and returns
 numbers only: rewards, token counts, timings, memory (and, when the unit asks, the
 reference completions' perplexity and the completions' KL divergence from the base model).
+Candidates of an in-place strategy (es_full) are not LoRAs: each perturbs the engine's own
+weights for its requests (`distributed/in_place.py`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import psutil
 import torch
 
-from evora.config.schema import RunConfig, TaskConfig, vllm_lora_rank
-from evora.engines import AdapterRef, Completion, EngineSpec, create_engine
+from evora.distributed.cells import (
+    Cell,
+    CellValues,
+    Requests,
+    cell_values,
+    evaluated_cells,
+    per_cell_means,
+    requests_of,
+    scatter,
+    text_rows,
+)
+from evora.distributed.in_place import complete_in_place
+from evora.distributed.worker_spec import ADAPTER_DTYPES, WorkerSpec, load_tokenizer, resolve_task
+from evora.engines import AdapterRef, Completion, create_engine
 from evora.engines.adapter_store import AdapterScratch
 from evora.errors import RunError
 from evora.lora import Tensors
 from evora.lora.base_weights import read_weights
-from evora.lora.layout import AdapterLayout
 from evora.strategies import get_strategy
-from evora.strategies.full_weights import FullWeightStrategy, MasterWeights, matrix_name, transposed_matrices
-from evora.strategies.protocol import materialise, prompts_of
-from evora.tasks import Splits, Task, build_task
+from evora.strategies.full_weights import (
+    FullWeightStrategy,
+    InPlaceStrategy,
+    MasterWeights,
+    matrix_name,
+    transposed_matrices,
+)
+from evora.strategies.protocol import BASE, CENTER, MEMBER, PERTURB, materialise
+from evora.tasks.base import AnswerTask
+from evora.tasks.decoding import Decoding, eval_decoding, sample_seed, search_decoding
 from evora.tasks.fitness import perplexity
 from evora.tasks.prompts import PromptRenderer
 from evora.tasks.reward_pool import reward_scorer
-
-ADAPTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a worker needs, and no more: its engine, the task, and the strategy config
-    that rebuilds candidates (None for evaluation-only pools)."""
-
-    engine_name: str
-    engine: EngineSpec
-    task: TaskConfig
-    seed: int  # the run seed: data splits and candidate noise derive from it
-    layout: AdapterLayout
-    adapter_dtype: str  # candidates are materialised in the engine's dtype
-    adapter_dir: str
-    run_tag: str  # names this run's tmpfs scratch folders
-    strategy: Any = None
-    # The task and its splits as the run plan resolved them; None: the worker builds them from `task`.
-    resolved: tuple[Task, Splits] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,14 +66,18 @@ class WorkUnit:
     kl: bool = False  # also the per-token KL(adapter || base) along each adapter's completions
 
 
+EVALUATION_OPS = (BASE, CENTER, MEMBER)
+EVALUATION_STREAM = "evaluation"
+
+
 @dataclass
 class UnitResult:
     """Per (candidate, prompt) numbers; rows follow `indices` (spec.index)."""
 
     indices: list[int]
     rewards: np.ndarray
-    correct: np.ndarray  # bool
-    tokens: np.ndarray
+    correct: np.ndarray  # bool; with several samples a cell, the aggregate's correctness in [0, 1]
+    tokens: np.ndarray  # generated tokens (with several samples a cell, their mean)
     reward_errors: int
     reward_timeouts: int
     timings: dict[str, float]
@@ -86,119 +89,16 @@ class UnitResult:
     kl: np.ndarray | None = None  # mean per-token KL of each completion to the base model; 0 for BASE rows
     texts: list[list[str]] | None = None
     evaluated: np.ndarray | None = None  # [spec, prompt] bool when specs were routed to some prompts; None: all
+    tokens_generated: int = 0  # over every sample
+    samples: int = 1  # completions per cell
+    correct_counts: np.ndarray | None = None  # [spec, prompt]: correct samples, with several a cell (pass@k)
 
 
-def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = None) -> EngineSpec:
-    hw, engine = run.hardware, run.engine
-    return EngineSpec(
-        model=model_path,
-        tokenizer=run.model.tokenizer,
-        revision=run.model.revision,
-        dtype=run.model.dtype,
-        max_model_len=run.model.max_model_len,
-        max_lora_rank=max_lora_rank or run.lora.rank,
-        max_loras=engine.max_loras,
-        max_cpu_loras=host_lora_slots(run),
-        max_num_seqs=engine.max_num_seqs,
-        enforce_eager=engine.enforce_eager,
-        tensor_parallel_size=hw.tensor_parallel_size,
-        gpu_memory_utilization=hw.gpu_memory_utilization,
-        kv_cache_gib=hw.kv_cache_gib,
-        cpu_threads=hw.cpu_threads_per_worker,
-        seed=run.seed,
-        trust_remote_code=run.model.trust_remote_code,
-        device="cuda" if hw.gpus_per_worker > 0 else "cpu",
-        ignore_eos=engine.ignore_eos,
-        adapters_in_memory=engine.adapters_in_memory,
-        vllm_args=dict(engine.vllm_args),
-    )
-
-
-def host_lora_slots(run: RunConfig) -> int:
-    """Adapters an engine keeps loaded on its host: a work unit's candidates. Under
-    `engine.units=whole` a unit is a worker's share of the population: all of it, were that
-    worker the last one left (beyond this, vLLM would evict and re-read adapters mid-call)."""
-    engine = run.engine
-    if engine.units == "whole":
-        return max(engine.max_loras, int(getattr(run.strategy, "population", 0) or 0))
-    return engine.max_loras
-
-
-def engine_rank(layout: AdapterLayout) -> int:
-    return vllm_lora_rank(layout.rank)
-
-
-def adapter_dtype(model_dtype: str, model_path: str) -> str:
-    """The engine's dtype: candidates are materialised in it (fp32 master weights stay on the driver)."""
-    if model_dtype == "auto":
-        config_file = Path(model_path) / "config.json"
-        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-        model_dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
-    return model_dtype if model_dtype in ADAPTER_DTYPES else "float32"
-
-
-def worker_spec(
-    run: RunConfig,
-    model_path: str,
-    layout: AdapterLayout,
-    run_tag: str,
-    *,
-    with_strategy: bool = True,
-    max_lora_rank: int | None = None,
-    resolved: tuple[Task, Splits] | None = None,
-) -> WorkerSpec:
-    # The engine wraps the modules the layout targets (PBT: the union over its search space).
-    engine = replace(engine_spec(run, model_path, max_lora_rank), lora_target_modules=tuple(layout.target_modules))
-    return WorkerSpec(
-        run.engine.name,
-        engine,
-        run.task,
-        run.seed,
-        layout,
-        adapter_dtype(run.model.dtype, model_path),
-        run.engine.adapter_dir,
-        run_tag,
-        run.strategy if with_strategy else None,
-        resolved,
-    )
-
-
-def resolve_task(cfg: TaskConfig, seed: int) -> tuple[Task, Splits]:
-    task = build_task(cfg, seed)
-    return task, task.splits()
-
-
-def load_tokenizer(spec: EngineSpec) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(
-        spec.tokenizer or spec.model, revision=spec.revision, trust_remote_code=spec.trust_remote_code
-    )
-
-
-def evaluated_cells(unit: WorkUnit) -> np.ndarray:
-    """[spec, prompt] bool: every cell, except where a spec names the prompts it is evaluated on."""
-    mask = np.ones((len(unit.specs), len(unit.prompt_indices)), dtype=bool)
-    for row, spec in enumerate(unit.specs):
-        routed = prompts_of(spec)
-        if routed is not None:
-            wanted = set(routed)
-            mask[row] = [index in wanted for index in unit.prompt_indices]
-    return mask
-
-
-def scatter(mask: np.ndarray, values: Any, fill: Any, dtype: Any = np.float64) -> np.ndarray:
-    """Values of the evaluated cells (row-major) into a [spec, prompt] matrix; `fill` elsewhere."""
-    out = np.full(mask.shape, fill, dtype=dtype)
-    out[mask] = np.asarray(values, dtype=dtype)
-    return out
-
-
-def text_rows(mask: np.ndarray, texts: list[str]) -> list[list[str]]:
-    rows, it = [], iter(texts)
-    for row in mask:
-        rows.append([next(it) if evaluated else "" for evaluated in row])
-    return rows
+@dataclass(frozen=True)
+class Scored:
+    values: CellValues
+    errors: int
+    timeouts: int
 
 
 def process_tree_rss_mb() -> float:
@@ -226,6 +126,9 @@ class EngineWorker:
         self.scratch = AdapterScratch(spec.adapter_dir, spec.run_tag)
         self.model, self.revision = spec.engine.model, spec.engine.revision
         self.master: MasterWeights | None = None  # full-weight strategies: fp32 copies of the selected matrices
+        self.in_place = spec.strategy is not None and get_strategy(spec.strategy.name).in_place
+        self.run_seed = spec.seed
+        self.decodings = {False: eval_decoding(spec.task), True: search_decoding(spec.task)}  # by: is it train?
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -246,36 +149,29 @@ class EngineWorker:
 
     def evaluate(self, payload: Any, unit: WorkUnit) -> UnitResult:
         start = time.perf_counter()
-        layout = getattr(payload, "layout", None) or self.layout  # PBT members differ in rank and modules
-        refs = []
-        keep = self.scratch.hold if self.engine.loads_from_memory else self.scratch.write
-        for spec in unit.specs:
-            tensors = materialise(self.strategy, payload, spec)
-            refs.append(None if tensors is None else keep(spec.label, tensors, layout, self.dtype))
+        refs = self._adapters(payload, unit)
         materialised = time.perf_counter()
         examples = [self.splits.get(unit.split)[i] for i in unit.prompt_indices]
         prompts = [self.prompt_ids(unit.split, i) for i in unit.prompt_indices]
-        mask = evaluated_cells(unit)
-        cells = [(row, col) for row in range(len(refs)) for col in range(len(prompts)) if mask[row, col]]
-        pairs_prompts, pairs_adapters = [prompts[c] for _, c in cells], [refs[r] for r, _ in cells]
+        mask = evaluated_cells(unit.specs, unit.prompt_indices)
+        decoding = self.decodings[unit.split == "train"]
+        requests = requests_of(mask, prompts, refs, decoding, self._seeds(unit))
         # A routed unit may hold no pair at all (members routed to other examples): no engine call.
-        completions = self.engine.generate(pairs_prompts, pairs_adapters, self.max_tokens) if cells else []
+        completions = self._complete(payload, unit, requests) if requests.cells else []
         generated = time.perf_counter()
-        scores = self.rewards.score([c.text for c in completions], [examples[c] for _, c in cells])  # all at once
-        scored = time.perf_counter()
-        ppl, tokens_scored = self.perplexities(unit, examples, prompts, cells, pairs_adapters, mask)
+        outcome = self._score(decoding, completions, [examples[c] for _, c in requests.cells])
+        values, scored = outcome.values, time.perf_counter()
+        ppl, tokens_scored = self.perplexities(unit, examples, prompts, requests.cells, refs, mask)
         perplexity_done = time.perf_counter()
-        kl, tokens_kl = self.kl_to_base(pairs_prompts, completions, pairs_adapters) if unit.kl else (None, 0)
-        loaded = [r for r in refs if r is not None]
-        self.engine.release(loaded)
-        self.scratch.remove(loaded)
+        kl, tokens_kl = self.kl_to_base(requests, completions) if unit.kl else (None, 0)
+        self._release(refs)
         return UnitResult(
             indices=[s.index for s in unit.specs],
-            rewards=scatter(mask, scores.rewards, np.nan),
-            correct=scatter(mask, scores.correct, False, bool),
-            tokens=scatter(mask, [c.num_tokens for c in completions], 0, np.int64),
-            reward_errors=scores.errors,
-            reward_timeouts=scores.timeouts,
+            rewards=scatter(mask, values.rewards, np.nan),
+            correct=scatter(mask, values.correct, False, bool if decoding.samples == 1 else np.float64),
+            tokens=scatter(mask, values.tokens, 0, np.int64 if decoding.samples == 1 else np.float64),
+            reward_errors=outcome.errors,
+            reward_timeouts=outcome.timeouts,
             timings={
                 "materialise": materialised - start,
                 "generate": generated - materialised,
@@ -285,21 +181,76 @@ class EngineWorker:
             },
             worker=self.index,
             rss_mb=process_tree_rss_mb(),
-            tokens_prompt=sum(len(p) for p in pairs_prompts),
+            tokens_prompt=sum(len(p) for p in requests.prompts),
+            tokens_generated=sum(c.num_tokens for c in completions),
             tokens_scored=tokens_scored + tokens_kl,
             perplexity=ppl,
             kl=None if kl is None else scatter(mask, kl, np.nan),
-            texts=text_rows(mask, [c.text for c in completions]) if unit.keep_texts else None,
+            # With several samples a cell, its first sample's completion stands for it.
+            texts=text_rows(mask, [c.text for c in completions[:: decoding.samples]]) if unit.keep_texts else None,
             evaluated=None if mask.all() else mask,
+            samples=decoding.samples,
+            correct_counts=None if values.correct_counts is None else scatter(mask, values.correct_counts, 0, np.int64),
         )
+
+    def _adapters(self, payload: Any, unit: WorkUnit) -> list[AdapterRef | None]:
+        """Each spec's adapter, loaded or held; None for the base model, the engine's own weights
+        (CENTER of a full-weight strategy) and candidates that perturb those weights in place."""
+        layout = getattr(payload, "layout", None) or self.layout  # PBT members differ in rank and modules
+        keep = self.scratch.hold if self.engine.loads_from_memory else self.scratch.write
+        refs: list[AdapterRef | None] = []
+        for spec in unit.specs:
+            in_place = self.in_place and spec.op == PERTURB
+            tensors = None if in_place else materialise(self.strategy, payload, spec)
+            refs.append(None if tensors is None else keep(spec.label, tensors, layout, self.dtype))
+        return refs
+
+    def _release(self, refs: list[AdapterRef | None]) -> None:
+        loaded = [r for r in refs if r is not None]
+        self.engine.release(loaded)
+        self.scratch.remove(loaded)
+
+    def _seeds(self, unit: WorkUnit) -> Callable[[int, int, int], int]:
+        def seed(row: int, column: int, sample: int) -> int:
+            spec, prompt = unit.specs[row], unit.prompt_indices[column]
+            # Evaluations (base, center, members) share one stream: common random numbers, so two
+            # adapters' held-out numbers differ by their weights, not by their draws.
+            candidate = EVALUATION_STREAM if spec.op in EVALUATION_OPS else spec.label
+            return sample_seed(self.run_seed, unit.split, candidate, prompt, sample)
+
+        return seed
+
+    def _complete(self, payload: Any, unit: WorkUnit, requests: Requests) -> list[Completion]:
+        if not self.in_place:
+            return self.engine.generate(requests.prompts, requests.adapters, self.max_tokens, requests.sampling)
+        return complete_in_place(self.engine, self._in_place(), payload, unit.specs, requests, self.max_tokens)
+
+    def _in_place(self) -> tuple[InPlaceStrategy, MasterWeights]:
+        assert self.strategy is not None and self.master is not None, "in-place candidates need synced weights"
+        return self.strategy, self.master
+
+    def _score(self, decoding: Decoding, completions: list[Completion], examples: list[Any]) -> Scored:
+        """Each request's reward and correctness, aggregated per cell."""
+        n = decoding.samples
+        cell_examples = [e for e in examples for _ in range(n)]
+        scores = self.rewards.score([c.text for c in completions], cell_examples)  # all at once
+        answers = None
+        if decoding.aggregate == "majority" and n > 1:
+            answers = [self._answer(c.text, e) for c, e in zip(completions, cell_examples)]
+        values = cell_values(decoding, scores.rewards, scores.correct, [c.num_tokens for c in completions], answers)
+        return Scored(values, scores.errors, scores.timeouts)
+
+    def _answer(self, completion: str, example: Any) -> str | None:
+        assert isinstance(self.task, AnswerTask), "aggregate=majority is validated against the task"
+        return self.task.answer(completion, example)
 
     def perplexities(
         self,
         unit: WorkUnit,
         examples: list[Any],
         prompts: list[list[int]],
-        cells: list[tuple[int, int]],
-        adapters: list[AdapterRef | None],
+        cells: list[Cell],
+        refs: list[AdapterRef | None],
         mask: np.ndarray,
     ) -> tuple[np.ndarray | None, int]:
         """Perplexity of the reference completions under each cell's adapter (when the unit asks
@@ -307,16 +258,16 @@ class EngineWorker:
         if not unit.perplexity:
             return None, 0
         targets = [self.renderer.target_ids(e) for e in examples]
+        adapters = [refs[r] for r, _ in cells]
         logprobs = self.engine.score([prompts[c] for _, c in cells], [targets[c] for _, c in cells], adapters)
         tokens = sum(len(prompts[c]) + len(targets[c]) for _, c in cells)
         return scatter(mask, [perplexity(lp) for lp in logprobs], np.nan), tokens
 
-    def kl_to_base(
-        self, prompts: list[list[int]], completions: list[Completion], adapters: list[AdapterRef | None]
-    ) -> tuple[np.ndarray, int]:
-        """Mean per-token KL(adapter || base) of each completion (0.0 for base rows and empty
-        completions), and the tokens it ran: prompt + completion, once with the adapter and
-        once without."""
+    def kl_to_base(self, requests: Requests, completions: list[Completion]) -> tuple[list[float], int]:
+        """Mean per-token KL(adapter || base) of each cell's completions (0.0 for base rows and
+        empty completions; the mean over a cell's samples), and the tokens it ran: prompt +
+        completion, once with the adapter and once without."""
+        prompts, adapters = requests.prompts, requests.adapters
         rows = [i for i, a in enumerate(adapters) if a is not None]
         per_token = self.engine.kl_to_base(
             [prompts[i] for i in rows], [list(completions[i].token_ids) for i in rows], [adapters[i] for i in rows]
@@ -326,7 +277,7 @@ class EngineWorker:
             kl[i] = float(np.mean(values)) if values else 0.0
         # Engines skip empty completions: nothing was run for them.
         tokens = 2 * sum(len(prompts[i]) + len(completions[i].token_ids) for i in rows if completions[i].token_ids)
-        return kl, tokens
+        return per_cell_means(list(kl), requests.samples), tokens
 
     # --- base weights (full-weight strategies) ---------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from evora.engines.base import AdapterRef, Completion, Engine, EngineSpec
+from evora.engines.base import AdapterRef, Completion, Engine, EngineSpec, Sampling
 
 ENGINES = {
     "vllm": "evora.engines.vllm_engine:VLLMEngine",
@@ -18,4 +18,4 @@ def create_engine(name: str, spec: EngineSpec) -> Engine:
     return getattr(import_module(module), cls)(spec)
 
 
-__all__ = ["AdapterRef", "Completion", "Engine", "EngineSpec", "ENGINES", "create_engine"]
+__all__ = ["AdapterRef", "Completion", "Engine", "EngineSpec", "ENGINES", "Sampling", "create_engine"]

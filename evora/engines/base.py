@@ -1,4 +1,5 @@
-"""The engine protocol: batched greedy generation over (adapter, prompt) pairs.
+"""The engine protocol: batched generation over (adapter, prompt) pairs, greedy or sampled
+with a seed per request.
 
 Engines load adapters by path (PEFT layout), or, where the engine says it can
 (`loads_from_memory`: vLLM in-process), from the tensors an `AdapterRef` carries, under an
@@ -29,6 +30,20 @@ class Completion:
     text: str
     num_tokens: int
     token_ids: tuple[int, ...] = ()  # the generated ids (EOS included when generated): KL is taken on them
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one request samples: temperature, nucleus (top_p) and the seed of its own random
+    stream. Both engines sample as vLLM's seeded sampler does with `use_fp64_gumbel`:
+    fp32 logits / temperature, vLLM's top-p mask, fp32 softmax, then the argmax of
+    probs / q with q ~ Exp(1) in fp64 drawn over the vocabulary from a torch.Generator
+    seeded with `seed`, once per generated token (`engines/sampling.py`). Where the two
+    engines' logits agree, their completions agree token for token."""
+
+    temperature: float
+    top_p: float = 1.0
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,10 +86,15 @@ class Engine(Protocol):
     loads_from_memory: bool  # takes AdapterRefs that carry their tensors (no folder)
 
     def generate(
-        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int | Sequence[int]
+        self,
+        prompts: Sequence[list[int]],
+        adapters: Sequence[AdapterRef | None],
+        max_tokens: int | Sequence[int],
+        sampling: Sequence[Sampling] | None = None,
     ) -> list[Completion]:
-        """Greedy completions of token-id prompts; adapters[i] (None: base model) applies to prompts[i];
-        max_tokens: one limit for every request, or one each."""
+        """Completions of token-id prompts; adapters[i] (None: base model) applies to prompts[i];
+        max_tokens: one limit for every request, or one each; sampling: one `Sampling` per
+        request, or None for greedy decoding."""
 
     def score(
         self, prompts: Sequence[list[int]], targets: Sequence[list[int]], adapters: Sequence[AdapterRef | None]

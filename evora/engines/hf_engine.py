@@ -1,9 +1,13 @@
 """transformers + PEFT: the reference engine for parity tests, and the fallback where
-vLLM cannot run. One adapter at a time, its prompts batched (greedy).
+vLLM cannot run. One adapter at a time, its prompts batched (greedy or seeded sampling).
 
 `kl_to_base` is exact: two teacher-forced forwards (adapter on, adapter disabled) and the
 full-vocabulary sum of p_a * (log p_a - log p_b) from fp32 log-softmaxes at each
-completion position."""
+completion position.
+
+Sampled generation (`Sampling` per request) runs greedy `generate` under `SeededSampler`,
+which samples each row with its own seeded generator exactly as vLLM's fp64-Gumbel sampler
+does (`engines/sampling.py`): where the two engines' logits agree, so do their completions."""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 
-from evora.engines.base import AdapterRef, Completion, EngineSpec, per_request
+from evora.engines.base import AdapterRef, Completion, EngineSpec, Sampling, per_request
+from evora.engines.sampling import SeededSampler
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -87,12 +92,21 @@ class HFEngine:
         return [results[i] for i in range(len(adapters))]
 
     def generate(
-        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int | Sequence[int]
+        self,
+        prompts: Sequence[list[int]],
+        adapters: Sequence[AdapterRef | None],
+        max_tokens: int | Sequence[int],
+        sampling: Sequence[Sampling] | None = None,
     ) -> list[Completion]:
         limits = per_request(max_tokens, len(prompts))
-        return self._by_adapter(
-            adapters, lambda chunk: self._greedy([prompts[i] for i in chunk], [limits[i] for i in chunk])
-        )
+        if sampling is not None and len(sampling) != len(prompts):
+            raise ValueError(f"sampling for {len(sampling)} requests, {len(prompts)} prompts")
+
+        def run(chunk: list[int]) -> list[Completion]:
+            rows = None if sampling is None else [sampling[i] for i in chunk]
+            return self._decode([prompts[i] for i in chunk], [limits[i] for i in chunk], rows)
+
+        return self._by_adapter(adapters, run)
 
     def score(
         self, prompts: Sequence[list[int]], targets: Sequence[list[int]], adapters: Sequence[AdapterRef | None]
@@ -120,11 +134,18 @@ class HFEngine:
         yield
 
     @torch.no_grad()
-    def _greedy(self, prompts: list[list[int]], limits: list[int]) -> list[Completion]:
+    def _decode(self, prompts: list[list[int]], limits: list[int], sampling: list[Sampling] | None) -> list[Completion]:
         """One batched `generate` to the chunk's largest limit (every row pays for the longest,
-        as batched transformers generation does), each row then cut to its own limit."""
+        as batched transformers generation does), each row then cut to its own limit. Greedy,
+        or sampled by a `SeededSampler` that gives every row of the chunk its own generator."""
+        from transformers import LogitsProcessorList
+
         ids, mask = pad(prompts, self.pad_id, left=True)
         max_tokens = max(limits)
+        processors = LogitsProcessorList([] if sampling is None else [SeededSampler(sampling, self.device)])
+        # ignore_eos: greedy rows get EOS masked (min_new_tokens), as before; sampled rows may draw
+        # EOS and go on past it, as vLLM's do, so for them EOS is neither masked nor a stop.
+        sampled_past_eos = self.spec.ignore_eos and sampling is not None
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
@@ -133,9 +154,10 @@ class HFEngine:
             temperature=None,
             top_p=None,
             top_k=None,
-            min_new_tokens=max_tokens if self.spec.ignore_eos else None,
+            min_new_tokens=max_tokens if self.spec.ignore_eos and sampling is None else None,
             pad_token_id=self.pad_id,
-            eos_token_id=self.tokenizer.eos_token_id,
+            eos_token_id=None if sampled_past_eos else self.tokenizer.eos_token_id,
+            logits_processor=processors,
         )
         rows = [row[:limit] for row, limit in zip(out[:, ids.shape[1] :].tolist(), limits)]
         if not self.spec.ignore_eos:

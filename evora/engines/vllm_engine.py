@@ -4,6 +4,10 @@ The engine runs inside the worker's process (no engine-core or executor subproce
 for tensor-parallel size 1), with prefix caching off so no cached prefix computed under
 one adapter is reused under another.
 
+Sampled requests (one `Sampling` each) carry their seed, so each gets its own generator and its
+tokens do not depend on the rest of the batch; with `use_fp64_gumbel` vLLM's sampler is the one
+that `engines/sampling.py` reproduces for the transformers engine.
+
 `kl_to_base` estimates KL(adapter || base) per completion token from vLLM's top-k prompt
 logprobs (k = KL_TOP_K), since vLLM returns no full next-token distributions: the exact KL
 of the two distributions coarse-grained to {each token in both top-k lists (every completion
@@ -25,8 +29,9 @@ from typing import Any, Mapping, Sequence, cast
 import torch
 
 from evora.engines import vllm_patches
-from evora.engines.base import AdapterRef, Completion, EngineSpec, per_request
+from evora.engines.base import AdapterRef, Completion, EngineSpec, Sampling, per_request
 from evora.engines.environment import vllm_environment
+from evora.engines.sampling import vllm_sampling_params
 from evora.engines.vllm_weights import EXTENSION, check_vllm
 
 log = logging.getLogger(__name__)
@@ -123,6 +128,10 @@ class VLLMEngine:
             distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "ray",
             worker_extension_cls=EXTENSION,  # base weights by checkpoint name (full-weight strategies)
             lora_target_modules=None if spec.lora_target_modules is None else list(spec.lora_target_modules),
+            # Seeded sampling through fp64 exponential noise drawn from each request's generator
+            # (`random_sample`), which the transformers engine reproduces (engines/sampling.py);
+            # without it vLLM's CPU build samples with a fused C++ Gumbel kernel instead.
+            use_fp64_gumbel=True,
         )
         if spec.device == "cpu":  # for a process without VLLM_CPU_KVCACHE_SPACE
             args["kv_cache_memory_bytes"] = spec.kv_cache_gib * 2**30
@@ -143,17 +152,18 @@ class VLLMEngine:
         )
 
     def generate(
-        self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], max_tokens: int | Sequence[int]
+        self,
+        prompts: Sequence[list[int]],
+        adapters: Sequence[AdapterRef | None],
+        max_tokens: int | Sequence[int],
+        sampling: Sequence[Sampling] | None = None,
     ) -> list[Completion]:
         from vllm import SamplingParams
 
-        if isinstance(max_tokens, int):
+        if isinstance(max_tokens, int) and sampling is None:
             params: Any = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=self.ignore_eos)
-        else:  # one limit per request: vLLM takes a list of sampling parameters
-            params = [
-                SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=self.ignore_eos)
-                for m in per_request(max_tokens, len(prompts))
-            ]
+        else:  # one limit or sampling per request: vLLM takes a list of sampling parameters
+            params = vllm_sampling_params(per_request(max_tokens, len(prompts)), sampling, self.ignore_eos)
         if self.device == "cpu" and not self.grouped_cpu_lora:
             return self._base_apart(prompts, adapters, params)
         return [completion(o) for o in self._run(prompts, adapters, params)]

@@ -30,8 +30,8 @@ from evora.strategies.checks import choice, fail, require
 from evora.strategies.protocol import FULL_WEIGHT
 from evora.strategies.registry import StrategyEntry
 from evora.tasks import build_task
-from evora.tasks.base import Splits, Task, reads_hub_data
-from evora.tasks.fitness import FitnessExpression, parse_fitness
+from evora.tasks.base import AnswerTask, Splits, Task, reads_hub_data
+from evora.tasks.fitness import FitnessExpression, task_fitness
 
 MIN_FREE_MIB = 64  # room for a run folder's config, metrics and first checkpoints
 
@@ -53,7 +53,7 @@ class RunPlan:
 
     @property
     def fitness(self) -> FitnessExpression:
-        return parse_fitness(self.run.task.fitness)
+        return task_fitness(self.run.task.fitness, self.run.task.kl_penalty)
 
     @property
     def budget(self) -> Budget | None:
@@ -87,6 +87,7 @@ def build_plan(run: RunConfig) -> RunPlan:
 
     check_fits(run, plan_memory(run, modules, layout))
     task = build_task(run.task, run.seed)
+    check_answers(run, task)
     return RunPlan(
         run,
         location.path,
@@ -97,6 +98,17 @@ def build_plan(run: RunConfig) -> RunPlan:
         task_splits(run, task),
         matched_usage(run.strategy),
     )
+
+
+def check_answers(run: RunConfig, task: Task) -> None:
+    """task.aggregate=majority votes over the canonical answers of a task that has them."""
+    if run.task.aggregate == "majority" and not isinstance(task, AnswerTask):
+        raise fail(
+            "task.aggregate",
+            "majority",
+            f"needs a task whose completions have a canonical answer (task={run.task.name} has none"
+            f"{' with a task.reward' if run.task.reward else ''}); use mean or pass_at_k",
+        )
 
 
 def model_layout(run: RunConfig, modules: ModelModules, model_path: str) -> AdapterLayout:

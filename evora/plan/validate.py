@@ -31,6 +31,7 @@ def validate(run: RunConfig) -> None:
         _check_model,
         _check_lora,
         _check_task,
+        _check_decoding,
         _check_strategy,
         _check_engine,
         _check_hardware,
@@ -134,6 +135,45 @@ def _check_task(run: RunConfig) -> None:
         require(callable(load_object(task.reward, "task.reward")), "task.reward", task.reward, "must be a function")
     if task.data_path is None and task.name == "jsonl":
         raise fail("task.data_path", None, "task=jsonl needs a JSONL, JSON or parquet file")
+
+
+def _check_decoding(run: RunConfig) -> None:
+    """Sampling, the aggregate of a cell's samples, and the KL penalty."""
+    from evora.strategies.protocol import GRADIENT, POPULATION, PORTFOLIO
+    from evora.tasks.aggregate import AGGREGATES
+    from evora.tasks.fitness import task_fitness
+
+    task = run.task
+    for prefix in ("", "eval_"):
+        temperature, top_p, samples = (getattr(task, prefix + key) for key in ("temperature", "top_p", "samples"))
+        require(temperature >= 0, f"task.{prefix}temperature", temperature, "must be >= 0 (0: greedy)")
+        require(0 < top_p <= 1, f"task.{prefix}top_p", top_p, "must be in (0, 1]")
+        require(samples >= 1, f"task.{prefix}samples", samples, "must be an integer >= 1")
+        require(
+            samples == 1 or temperature > 0,
+            f"task.{prefix}samples",
+            samples,
+            f"> 1 needs task.{prefix}temperature > 0: greedy samples are all the same completion",
+        )
+    choice("task.aggregate", task.aggregate, AGGREGATES)
+    require(1 <= task.k <= task.samples, "task.k", task.k, f"must be in 1..task.samples ({task.samples})")
+    if task.eval_k is not None:
+        require(
+            1 <= task.eval_k <= task.eval_samples,
+            "task.eval_k",
+            task.eval_k,
+            f"must be in 1..task.eval_samples ({task.eval_samples}), or null",
+        )
+    require(task.kl_penalty >= 0, "task.kl_penalty", task.kl_penalty, "must be >= 0")
+    kind = get_strategy(run.strategy.name).kind
+    if task_fitness(task.fitness, task.kl_penalty).needs_kl:
+        require(
+            kind in (POPULATION, PORTFOLIO, GRADIENT),
+            "task.kl_penalty" if task.kl_penalty else "task.fitness",
+            task.kl_penalty or task.fitness,
+            f"a KL term needs candidates that are adapters of the base model (es, ga, ecology, sft, grpo); "
+            f"strategy={run.strategy.name} moves the base weights or scores its own fitness",
+        )
 
 
 def _check_strategy(run: RunConfig) -> None:

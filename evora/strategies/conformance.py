@@ -7,7 +7,8 @@ from __future__ import annotations
 from evora.strategies.ecology.strategy import Ecology
 from evora.strategies.eggroll.strategy import EggrollStrategy
 from evora.strategies.es.strategy import EvolutionStrategy
-from evora.strategies.full_weights import FullWeightStrategy
+from evora.strategies.es_full.strategy import EsFullStrategy
+from evora.strategies.full_weights import FullWeightStrategy, InPlaceStrategy
 from evora.strategies.ga.strategy import GeneticAlgorithm
 from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization
 from evora.strategies.protocol import GradientStrategy, PortfolioStrategy, RefiningStrategy, Strategy
@@ -19,12 +20,14 @@ def built_ins_conform(
     ga: GeneticAlgorithm,
     ecology: Ecology,
     eggroll: EggrollStrategy,
+    es_full: EsFullStrategy,
     sft: SupervisedFineTuning,
     grpo: GroupRelativePolicyOptimization,
 ) -> None:
     population: list[Strategy] = [es, ga]
     refining: list[RefiningStrategy] = [ga, ecology]  # registered with refines=True
     portfolio: PortfolioStrategy = ecology
-    full_weight: FullWeightStrategy = eggroll
+    full_weight: list[FullWeightStrategy] = [eggroll, es_full]
+    in_place: InPlaceStrategy = es_full  # registered with in_place=True
     gradient: list[GradientStrategy] = [sft, grpo]
-    del population, refining, portfolio, full_weight, gradient
+    del population, refining, portfolio, full_weight, in_place, gradient

@@ -96,3 +96,12 @@ class FullWeightStrategy(Strategy, Protocol):
     def start_master(self, tensors: Tensors, transposed: frozenset[str] = frozenset()) -> MasterWeights: ...
 
     def master_bytes(self, layout: AdapterLayout) -> int: ...
+
+
+class InPlaceStrategy(FullWeightStrategy, Protocol):
+    """Registered with kind=full_weight and in_place=True (the ES paper's algorithm): a worker
+    evaluates each candidate on the engine's own weights, set to `perturbed(...)`, and sets
+    them back to the master copies (cast again, never un-perturbed by subtraction) after it."""
+
+    def perturbed(self, master: MasterWeights, payload: Any, spec: Any) -> Tensors:
+        """The candidate's weights (fp32, by checkpoint name, as stored): master + its perturbation."""

@@ -107,6 +107,7 @@ class GenerationResults:
     evaluated: np.ndarray | None = None  # [candidates, prompts] bool, when specs carry `prompts`; None: every cell
     texts: list[list[str]] | None = None  # [candidates][prompts] completions ("" where not evaluated), when the
     # strategy refines and keeps texts (RefiningStrategy: the ecology's self-training); None otherwise
+    cell_fitness: np.ndarray | None = None  # [candidates, prompts]: task.fitness of each cell (shaping=per_prompt)
 
 
 @dataclass
@@ -236,4 +237,5 @@ def fitness_results(generation: int, fitness: np.ndarray) -> GenerationResults:
     for strategies driven by analytic objectives, as in the unit tests."""
     fitness = np.asarray(fitness, dtype=np.float64)
     column = fitness.reshape(-1, 1)
-    return GenerationResults(generation, (0,), column, column > 0, np.zeros_like(column, dtype=np.int64), None, fitness)
+    tokens = np.zeros_like(column, dtype=np.int64)
+    return GenerationResults(generation, (0,), column, column > 0, tokens, None, fitness, cell_fitness=column)

@@ -30,7 +30,7 @@ from typing import Any, Callable, TypeVar
 
 from evora.errors import ConfigError
 from evora.strategies.analysis_hooks import NO_ANALYSIS, Analysis
-from evora.strategies.protocol import GRADIENT, JOB, KINDS, POPULATION
+from evora.strategies.protocol import FULL_WEIGHT, GRADIENT, JOB, KINDS, POPULATION
 
 ENTRY_POINT_GROUP = "evora.strategies"
 T = TypeVar("T")
@@ -49,6 +49,9 @@ class StrategyEntry:
     console_keys: tuple[tuple[str, str], ...] = ()  # (metrics key, label) added to each generation line
     kind: str = POPULATION  # protocol.KINDS: which protocol the strategy implements, which phases run it
     refines: bool = False  # a protocol.RefiningStrategy: its config may refine by gradient after each tell
+    # kind=full_weight: candidates perturb the engines' weights in place, one after another
+    # (full_weights.InPlaceStrategy, the ES paper's way), rather than run as LoRAs on them.
+    in_place: bool = False
     # Figures, report sections, findings and compare table the analysis adds for the strategy's runs:
     # an analysis_hooks.Analysis, or "module:attribute" naming one (imported only when a run is analysed,
     # so registering imports no matplotlib). evora.analysis names no strategy; it asks analysis_hooks().
@@ -59,6 +62,8 @@ class StrategyEntry:
             raise TypeError(f"strategy {self.name}: kind={self.kind!r}; one of {', '.join(KINDS)}")
         if (self.kind == JOB) != (self.runner is not None):
             raise TypeError(f"strategy {self.name}: a runner, and only a runner, makes kind={JOB!r}")
+        if self.in_place and self.kind != FULL_WEIGHT:
+            raise TypeError(f"strategy {self.name}: in_place=True needs kind={FULL_WEIGHT!r}")
 
     def trains_on_driver(self, strategy: Any) -> bool:
         """Whether the loop builds a TrainingContext: gradient strategies, and refining ones

@@ -1,9 +1,22 @@
-"""Fitness shaping: raw rewards -> the weights of the ES update."""
+"""Fitness shaping: raw rewards -> the weights of the ES update.
+
+`per_prompt` normalises before averaging: each prompt's fitness is z-scored across the
+candidates evaluated on it (GRPO's group normalisation, with the population as the group),
+and a candidate's fitness is then its mean over its prompts, so prompts whose rewards spread
+widely (hard ones, long ones) no longer dominate the update. The ES update z-scores those
+means again, so `lr` keeps the scale it has under `zscore`."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from scipy.stats import rankdata
+
+if TYPE_CHECKING:
+    from evora.strategies.protocol import GenerationResults
+
+PER_PROMPT = "per_prompt"
 
 
 def zscore(fitness: np.ndarray) -> np.ndarray:
@@ -24,7 +37,35 @@ def centered_ranks(fitness: np.ndarray) -> np.ndarray:
     return (rankdata(f, method="average") - 1) / (len(f) - 1) - 0.5
 
 
-SHAPERS = {"zscore": zscore, "centered_rank": centered_ranks, "none": lambda f: np.asarray(f, dtype=np.float64)}
+def per_prompt(cells: np.ndarray, evaluated: np.ndarray | None = None) -> np.ndarray:
+    """[candidate, prompt] fitness -> per candidate: the mean over its evaluated prompts of the
+    prompt's fitness z-scored across the candidates evaluated on it (0 where they all tie)."""
+    values = np.asarray(cells, dtype=np.float64)
+    mask = np.ones(values.shape, dtype=bool) if evaluated is None else np.asarray(evaluated, dtype=bool)
+    counts = mask.sum(axis=0)
+    means = np.where(mask, values, 0.0).sum(axis=0) / np.maximum(counts, 1)
+    spread = np.sqrt(np.where(mask, (values - means) ** 2, 0.0).sum(axis=0) / np.maximum(counts, 1))
+    z = np.divide(values - means, spread, out=np.zeros_like(values), where=mask & (spread > 0))
+    rows = mask.sum(axis=1)
+    return np.divide(z.sum(axis=1), rows, out=np.zeros(len(rows)), where=rows > 0)
+
+
+SHAPERS = {
+    "zscore": zscore,
+    "centered_rank": centered_ranks,
+    "none": lambda f: np.asarray(f, dtype=np.float64),
+    PER_PROMPT: zscore,  # of the per-prompt means (`shaping_input`)
+}
+SHAPINGS = tuple(SHAPERS)
+
+
+def shaping_input(results: GenerationResults, method: str) -> np.ndarray:
+    """What a strategy shapes from a generation: its fitness, or under `per_prompt` the
+    per-prompt normalised means of the cells' fitness."""
+    if method != PER_PROMPT:
+        return results.fitness
+    cells = results.cell_fitness if results.cell_fitness is not None else results.rewards
+    return per_prompt(cells, results.evaluated)
 
 
 def shape(fitness: np.ndarray, method: str) -> np.ndarray:

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from evora.config.schema import TaskConfig
 from evora.lora.noise import noise_key
+from evora.tasks.aggregate import exact_answer_text
 from evora.tasks.base import Example, Splits, register_task
 from evora.tasks.rewards.exact import exact_answer
 
@@ -68,3 +69,7 @@ class AdditionTask:
 
     def correct(self, completion: str, example: Example) -> bool:
         return self.reward(completion, example) == 1.0
+
+    def answer(self, completion: str, example: Example) -> str | None:
+        """The stripped completion (what exact_answer compares), e.g. "57"; None when blank."""
+        return exact_answer_text(completion)

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from evora.config.schema import TaskConfig
 from evora.lora.noise import noise_key
+from evora.tasks.aggregate import numeric_answer
 from evora.tasks.base import Example, Splits, register_task, split_examples
 from evora.tasks.rewards.numeric import numeric_match
 from evora.tasks.rewards.safe_eval import evaluate_arithmetic
@@ -62,3 +63,7 @@ class ArithmeticTask:
 
     def correct(self, completion: str, example: Example) -> bool:
         return self.reward(completion, example) == 1.0
+
+    def answer(self, completion: str, example: Example) -> str | None:
+        """The final number (what numeric_match compares) as an exact Fraction string, e.g. "136", "-3/4"."""
+        return numeric_answer(completion)

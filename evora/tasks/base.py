@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
@@ -63,6 +63,14 @@ class Task(Protocol):
 
     def correct(self, completion: str, example: Example) -> bool:
         """Whether the completion counts as right (accuracy)."""
+
+
+@runtime_checkable
+class AnswerTask(Protocol):
+    """A task whose completions have a canonical answer (majority voting, task.aggregate=majority):
+    equal strings are the same answer; None when the completion gives no answer."""
+
+    def answer(self, completion: str, example: Example) -> str | None: ...
 
 
 _TASKS: dict[str, type] = {}

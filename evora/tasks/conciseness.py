@@ -51,5 +51,7 @@ class ConcisenessTask:
     def reward(self, completion: str, example: Example) -> float:
         return -float(length_gap(completion, example.answer))
 
+    # No `answer` (not an AnswerTask): the reward is a length, not an answer to vote on.
+
     def correct(self, completion: str, example: Example) -> bool:
         return length_gap(completion, example.answer) <= max(2, 0.2 * len(example.answer))

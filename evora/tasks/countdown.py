@@ -135,5 +135,8 @@ class CountdownTask:
     def correct(self, completion: str, example: Example) -> bool:
         return answer_score(completion, *self._rules(example)) == 1.0
 
+    # No `answer` (not an AnswerTask): many different equations reach one target, so a
+    # completion has no canonical answer to vote on (task.aggregate=majority does not apply).
+
     def _rules(self, example: Example) -> tuple[list[int], str, str, str]:
         return example.data["numbers"], example.data["target"], self.cfg.number_rule, self.cfg.answer_block

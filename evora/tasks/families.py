@@ -22,6 +22,7 @@ from typing import Any, Callable, ClassVar
 from evora.config.schema import TaskConfig
 from evora.lora.noise import noise_key
 from evora.tasks.addition import HELDOUT_SEED, is_heldout_pair
+from evora.tasks.aggregate import exact_answer_text
 from evora.tasks.base import Example, Splits, register_task
 from evora.tasks.rewards.exact import exact_answer
 
@@ -169,6 +170,10 @@ class _FamilyTask:
 
     def correct(self, completion: str, example: Example) -> bool:
         return self.reward(completion, example) == 1.0
+
+    def answer(self, completion: str, example: Example) -> str | None:
+        """The exact scorer's answer (task.aggregate=majority)."""
+        return exact_answer_text(completion)
 
 
 @register_task("difference")

@@ -3,10 +3,12 @@
     task.fitness: reward                          (default: the task's mean reward)
     task.fitness: accuracy - perplexity / 100     (the LoRALab fitness)
     task.fitness: reward - 0.001 * tokens         (reward with a length penalty)
+    task.kl_penalty: 0.1                          (fitness - 0.1 * kl: KL-regularised)
 
 Names: reward, accuracy (mean correct), perplexity (of the reference completion, capped
-at 1000), tokens (mean completion length). Parsed once with a whitelisted AST; numbers
-and + - * / only.
+at 1000), tokens (mean completion length), kl (mean per-token KL of the candidate's own
+completions from the base model, the engine's estimator). Parsed once with a whitelisted
+AST; numbers and + - * / only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Mapping, Sequence
 
 from evora.errors import ConfigError
 
-VARIABLES = ("reward", "accuracy", "perplexity", "tokens")
+VARIABLES = ("reward", "accuracy", "perplexity", "tokens", "kl")
 PERPLEXITY_CAP = 1000.0
 _OPS = {
     ast.Add: lambda a, b: a + b,
@@ -48,6 +50,10 @@ class FitnessExpression:
     @property
     def needs_perplexity(self) -> bool:
         return "perplexity" in self.names
+
+    @property
+    def needs_kl(self) -> bool:
+        return "kl" in self.names
 
     def __call__(self, metrics: Mapping[str, float]) -> float:
         def visit(node: ast.AST) -> float:
@@ -81,3 +87,11 @@ def parse_fitness(text: str) -> FitnessExpression:
         if isinstance(node, ast.Name) and node.id not in VARIABLES:
             raise ConfigError(f'task.fitness="{text}": unknown name "{node.id}"; {rule}')
     return FitnessExpression(text, tree)
+
+
+def task_fitness(fitness: str, kl_penalty: float = 0.0) -> FitnessExpression:
+    """task.fitness, less kl_penalty * kl when the penalty is set (`reward - beta * KL`)."""
+    if not kl_penalty:
+        return parse_fitness(fitness)
+    parse_fitness(fitness)  # the user's part alone: its errors name what they wrote
+    return parse_fitness(f"({fitness}) - {kl_penalty!r} * kl")

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from evora.config.schema import TaskConfig
 from evora.errors import DataError
+from evora.tasks.aggregate import numeric_answer
 from evora.tasks.base import Example, Splits, register_task, split_examples
 from evora.tasks.data import Located, hub_records, read_records, require
 from evora.tasks.rewards.numeric import extract_final_answer, numeric_match
@@ -53,6 +54,10 @@ class GSM8KTask:
 
     def correct(self, completion: str, example: Example) -> bool:
         return self.reward(completion, example) == 1.0
+
+    def answer(self, completion: str, example: Example) -> str | None:
+        """The final number (what numeric_match compares) as an exact Fraction string, e.g. "136", "-3/4"."""
+        return numeric_answer(completion)
 
 
 def _examples(located: list[Located]) -> list[Example]:

@@ -14,16 +14,25 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError, DataError
+from evora.tasks.aggregate import choice_answer, exact_answer_text, numeric_answer
 from evora.tasks.base import Example, Splits, register_task, split_examples
 from evora.tasks.data import Located, read_records, require
 from evora.tasks.rewards.scorers import SCORERS
 
 FAMILY_FIELD = "family"
 SALT = "jsonl-split"
+# The scorers whose answer is canonical (task.aggregate=majority), each the extraction the scorer
+# compares: the stripped completion, the final number as a Fraction string, the choice letter.
+# fuzzy, regex and contains have none (many different completions score 1.0).
+ANSWERS: dict[str, Callable[[str], str | None]] = {
+    "exact": exact_answer_text,
+    "numeric": numeric_answer,
+    "choice": choice_answer,
+}
 
 
 def family_of(record: dict, where: str) -> str:
@@ -106,6 +115,10 @@ class JsonlTask:
         self.cfg = cfg
         self.seed = seed
         self.score = SCORERS[cfg.scorer]
+        extract = ANSWERS.get(cfg.scorer)
+        if extract is not None:  # an AnswerTask only with such a scorer: `answer` is set per instance
+            self._extract = extract
+            self.answer = self._answer
 
     def splits(self) -> Splits:
         cfg = self.cfg
@@ -120,3 +133,6 @@ class JsonlTask:
 
     def correct(self, completion: str, example: Example) -> bool:
         return self.reward(completion, example) == 1.0
+
+    def _answer(self, completion: str, example: Example) -> str | None:
+        return self._extract(completion)

@@ -20,7 +20,7 @@ from typing import ClassVar
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
 from evora.lora.noise import noise_key
-from evora.tasks.base import Example, Splits, register_task, registered_tasks, task_class
+from evora.tasks.base import AnswerTask, Example, Splits, register_task, registered_tasks, task_class
 
 HELDOUT_SEED = 0
 
@@ -81,6 +81,8 @@ class MixTask:
         high = max(type(t).reward_range[1] for t in self.families.values())
         self.reward_range = (low, high)
         self.plain_template = {name: type(task).plain_template for name, task in self.families.items()}
+        if all(isinstance(task, AnswerTask) for task in self.families.values()):
+            self.answer = self._answer  # an AnswerTask only when every family is one: set per instance
 
     def _family_config(self, name: str) -> TaskConfig:
         cfg = self.cfg
@@ -117,3 +119,8 @@ class MixTask:
 
     def correct(self, completion: str, example: Example) -> bool:
         return self.families[example.family].correct(completion, example)
+
+    def _answer(self, completion: str, example: Example) -> str | None:
+        family = self.families[example.family]
+        assert isinstance(family, AnswerTask)
+        return family.answer(completion, example)

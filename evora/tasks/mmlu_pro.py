@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from evora.config.schema import TaskConfig
 from evora.errors import DataError
+from evora.tasks.aggregate import choice_answer
 from evora.tasks.base import Example, Splits, register_task, split_examples
 from evora.tasks.data import hub_records, read_records, require
 from evora.tasks.rewards.choice import choice_match
@@ -58,3 +59,7 @@ class MMLUProTask:
 
     def correct(self, completion: str, example: Example) -> bool:
         return self.reward(completion, example) == 1.0
+
+    def answer(self, completion: str, example: Example) -> str | None:
+        """The letter the completion commits to (what choice_match compares), e.g. "C"."""
+        return choice_answer(completion)

@@ -140,7 +140,7 @@ def test_engine_workers_get_their_engines_environment_through_ray(cluster, tiny_
     """The nodes were started from this process, whose environment holds a 1 GiB KV cache: the
     run's 3 GiB reaches every worker through Ray's runtime_env, with vLLM's other settings."""
     from evora.distributed.pool import worker_placement
-    from evora.distributed.worker import worker_spec
+    from evora.distributed.worker_spec import worker_spec
     from evora.engines.environment import engine_environment
     from evora.lora.layout import build_layout
 

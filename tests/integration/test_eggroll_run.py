@@ -97,7 +97,7 @@ def test_the_exported_model_gives_the_engines_greedy_completions_in_transformers
     """The engine's own completions of the best weights on held-out (eval/best_vs_base.json)
     come back from the exported folder, loaded as a plain model by transformers and by vLLM."""
     from evora.config.schema import TaskConfig
-    from evora.distributed.worker import load_tokenizer
+    from evora.distributed.worker_spec import load_tokenizer
     from evora.engines import EngineSpec, create_engine
     from evora.tasks import build_task
     from evora.tasks.prompts import PromptRenderer
@@ -141,7 +141,8 @@ def test_workers_whose_weights_differ_stop_the_run_in_one_line(local_ray, tiny_p
 
     from evora.distributed.full_weights import EngineWeights
     from evora.distributed.pool import WorkerPool
-    from evora.distributed.worker import EngineWorker, worker_spec
+    from evora.distributed.worker import EngineWorker
+    from evora.distributed.worker_spec import worker_spec
     from evora.errors import RunError
     from evora.lora.layout import build_layout
     from evora.lora.modules import adaptable_modules

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from evora.distributed.cells import evaluated_cells, scatter, text_rows
 from evora.distributed.evaluate import row_means
 from evora.distributed.portfolio import metrics_of, routed_rows, routing_map
-from evora.distributed.worker import WorkUnit, evaluated_cells, scatter, text_rows
 from evora.errors import ConfigError
 from evora.lora.layout import build_layout
 from evora.plan.compose import compose_run
@@ -193,7 +193,7 @@ def test_routed_cells_and_their_means():
     from evora.strategies.protocol import CandidateSpec
 
     specs = (CandidateSpec(0, 0, prompts=(3, 9)), CandidateSpec(0, 1), CandidateSpec(0, 2, prompts=()))
-    mask = evaluated_cells(WorkUnit(specs, "train", (1, 3, 9)))
+    mask = evaluated_cells(specs, (1, 3, 9))
     assert mask.tolist() == [[False, True, True], [True, True, True], [False, False, False]]
     values = scatter(mask, [1.0, 0.0, 0.5, 0.5, 1.0], np.nan)
     assert np.isnan(values[0, 0]) and values[1].tolist() == [0.5, 0.5, 1.0]

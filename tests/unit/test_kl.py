@@ -150,7 +150,8 @@ def test_worker_reports_the_mean_kl_of_each_completion(scratch, layout, tiny_pat
     """A held-out unit with kl=True: [candidate, prompt] means over each completion's tokens,
     0 for the BASE row, and the forwards counted (prompt + completion, with and without the
     adapter). A real worker on the hf engine, without Ray."""
-    from evora.distributed.worker import EngineWorker, WorkUnit, worker_spec
+    from evora.distributed.worker import EngineWorker, WorkUnit
+    from evora.distributed.worker_spec import worker_spec
     from evora.plan.compose import compose_run
     from evora.strategies.protocol import BASE, CENTER, CandidateSpec, EvalPayload
 

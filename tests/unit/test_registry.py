@@ -47,7 +47,7 @@ def test_an_unknown_strategy_is_one_line_naming_the_options():
     with pytest.raises(ConfigError) as error:
         get_strategy("nope")
     message = str(error.value)
-    assert message.startswith("strategy=nope: unknown strategy; allowed: ecology, eggroll, es, ga, ")
+    assert message.startswith("strategy=nope: unknown strategy; allowed: ecology, eggroll, es, es_full, ga, ")
     assert "\n" not in message
     assert "pbt" in message and ":" not in message.split("allowed:")[1].split(", or")[0]  # names, not import paths
     with pytest.raises(ConfigError, match="cannot import it"):

@@ -3,7 +3,7 @@
 import pytest
 
 from evora.distributed.evaluate import search_units
-from evora.distributed.worker import host_lora_slots
+from evora.distributed.worker_spec import host_lora_slots
 from evora.plan.compose import compose_run
 
 
@@ -33,7 +33,7 @@ def test_whole_units_keep_the_whole_population_loadable_on_the_host():
 
 
 def test_workers_start_engines_that_wrap_only_the_layouts_modules(tiny_path, tiny_shapes):
-    from evora.distributed.worker import worker_spec
+    from evora.distributed.worker_spec import worker_spec
     from evora.lora.layout import build_layout
 
     layout = build_layout(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evora.analysis.compare.decoding import decoding_fields
 from evora.analysis.hooks import hooks_of, read_config, strategy_name
 from evora.errors import ConfigError
 from evora.strategies.analysis_hooks import count, number
@@ -50,6 +51,10 @@ class RunRow:
     best_tokens: float | None = None
     matched: str | None = None  # strategy.match (BudgetFields): the run a compute-matched baseline spent as much as
     matched_by: str | None = None  # strategy.match_by: flops | tokens | seconds
+    search_decoding: str | None = None  # "greedy", or the sampling of search ("T=1 n=4 mean")
+    eval_decoding: str | None = None  # "greedy", or the sampling of held-out evaluation
+    kl_penalty: float | None = None  # task.kl_penalty
+    best_pass: Mapping[str, float] = field(default_factory=dict)  # pass_at_1, pass_at_<k> of the best, held-out
     arm: str | None = None  # the strategy's variant (its compare hook's `arm`): runs of different arms are no spread
     extra: Mapping[str, Any] = field(default_factory=dict)  # its strategy's compare hook's values ({} without one)
 
@@ -174,6 +179,7 @@ def read_row(name: str, run: Path) -> RunRow:
         final_kl=headline(summary, "final", "kl"),
         best_accuracy=headline(summary, "best", "accuracy"),
         best_tokens=headline(summary, "best", "tokens"),
+        **decoding_fields(config, summary),
         **_strategy_fields(config, summary),
     )
 

@@ -8,6 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from evora.analysis.compare.collect import RunRow, matched_run
+from evora.analysis.compare.decoding import (
+    DECODING_COLUMNS,
+    DECODING_TEXT,
+    decoding_cells,
+    decoding_lines,
+    shows_decoding,
+)
 from evora.analysis.compare.spread import consistency, front_flags, has_spread, plane_point
 from evora.analysis.hooks import entry_of
 from evora.strategies.analysis_hooks import CompareTable
@@ -217,7 +224,8 @@ def markdown(rows: list[RunRow]) -> str:
     lines = ["# Held-out reward, KL and search compute", "", *md_table(COLUMNS, body)]
     lines += ["", _leader_line(rows), "", *(_run_line(row) for row in rows)]
     lines += ["", *_plane_lines(rows)]
-    for section in (_consistency_lines(consistency(rows)), strategy_table_lines(rows)):
+    sections = (_consistency_lines(consistency(rows)), decoding_lines(rows, md_table), strategy_table_lines(rows))
+    for section in sections:
         if section:
             lines += ["", *section]
     return "\n".join(lines) + "\n"
@@ -251,6 +259,8 @@ def compare_json(rows: list[RunRow]) -> dict[str, Any]:
         "reward_kl_left_out": [row.name for row in rows if plane_point(row) is None],
         "consistency": consistency(rows),
     }
+    if shows_decoding(rows):
+        data["decoding"] = [dict(zip(DECODING_COLUMNS, decoding_cells(row))) for row in rows]
     for strategy, table in strategy_tables(rows):
         data[table.json_key] = [table_record(table, strategy, row, rows) for row in rows]
     return data
@@ -287,6 +297,9 @@ def print_table(rows: list[RunRow], console: Any = None) -> None:
     if has_spread(found):
         spread = [consistency_cells(group) for group in found]
         console.print(_rich_table("consistency across runs: best held-out reward", CONSISTENCY_COLUMNS, spread))
+    if shows_decoding(rows):
+        decoded = [decoding_cells(row) for row in rows]
+        console.print(_rich_table("decoding, KL penalty and held-out pass@k", DECODING_COLUMNS, decoded, DECODING_TEXT))
     for strategy, table in strategy_tables(rows):
         own = [table_cells(table, strategy, row) for row in rows]
         console.print(_rich_table(table.title, ("run", *table.columns), own, table.left))

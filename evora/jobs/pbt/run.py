@@ -15,7 +15,7 @@ from evora.config.schema import RunConfig
 from evora.distributed.evaluate import EvaluationService
 from evora.distributed.ray_session import init_ray
 from evora.distributed.recorder import start_event
-from evora.distributed.worker import worker_spec
+from evora.distributed.worker_spec import worker_spec
 from evora.errors import ConfigError
 from evora.jobs.pbt.experiment import experiment_dir, quiet_tune, tuner
 from evora.jobs.pbt.finish import finish

@@ -14,7 +14,7 @@ import torch
 from ray import tune
 
 from evora.config.schema import RunConfig
-from evora.distributed.worker import engine_spec, load_tokenizer, resolve_task
+from evora.distributed.worker_spec import engine_spec, load_tokenizer, resolve_task
 from evora.lora import Tensors
 from evora.lora.layout import Adaptable, AdapterLayout, build_layout
 from evora.lora.noise import noise_key

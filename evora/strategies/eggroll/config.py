@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evora.strategies.checks import choice, require
-
-SHAPINGS = ("zscore", "centered_rank", "none")
+from evora.strategies.shaping import SHAPINGS
 
 
 @dataclass(frozen=True)
@@ -17,7 +16,7 @@ class EggrollConfig:
     rank: int = 1  # r of each perturbation E = B A / sqrt(r)
     sigma: float = 0.001
     lr: float = 5e-4
-    shaping: str = "zscore"  # zscore | centered_rank | none
+    shaping: str = "zscore"  # zscore | centered_rank | none | per_prompt
     optimizer: str = "sgd"  # sgd | adam (two fp32 moments of every selected matrix on every worker)
     beta1: float = 0.9
     beta2: float = 0.999

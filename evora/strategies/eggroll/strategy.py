@@ -32,7 +32,7 @@ from evora.lora.noise import gaussian, noise_key
 from evora.strategies.eggroll.config import EggrollConfig
 from evora.strategies.full_weights import MasterWeights
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
-from evora.strategies.shaping import shape
+from evora.strategies.shaping import shape, shaping_input
 
 
 @dataclass
@@ -41,7 +41,8 @@ class EggrollState:
     modules: list[str]  # the perturbed modules, in the layout's order
     shapes: list[list[int]]  # [out, in] of each
     scale: float  # the candidates' LoRA scale (alpha / rank)
-    fitness: list[list[float]] = field(default_factory=list)  # per generation: the population's fitness
+    # per generation: the population's fitness (shaping=per_prompt: its per-prompt normalised means)
+    fitness: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ class EggrollStrategy:
         generation = specs[0].generation
         if generation != len(state.fitness):  # the updates are replayed by position: no gaps
             raise ValueError(f"tell of generation {generation} after {len(state.fitness)} generations")
-        state = replace(state, fitness=[*state.fitness, [float(f) for f in results.fitness]])
+        shaped = shaping_input(results, self.cfg.shaping)
+        state = replace(state, fitness=[*state.fitness, [float(f) for f in shaped]])
         coefficients = self.update_of(state, generation).coefficients
         # Pairs whose + and - candidates tie move nothing (greedy decoding ties often).
         return Told(state, {"pairs_tied": float(sum(c == 0.0 for c in coefficients) / len(coefficients))})

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from evora.strategies.adapter_init import check_init
 from evora.strategies.checks import choice, require
+from evora.strategies.shaping import SHAPINGS
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,7 @@ class ESConfig:
     sigma: float = 0.001
     lr: float = 5e-4
     antithetic: bool = True
-    shaping: str = "zscore"  # zscore | centered_rank | none
+    shaping: str = "zscore"  # zscore | centered_rank | none | per_prompt
     optimizer: str = "sgd"  # sgd | adam
     beta1: float = 0.9
     beta2: float = 0.999
@@ -41,7 +42,7 @@ def check_es(es: ESConfig, run: Any = None) -> None:
     require(es.sigma > 0, "strategy.sigma", es.sigma, "must be > 0")
     require(es.lr > 0, "strategy.lr", es.lr, "must be > 0")
     require(es.weight_decay >= 0, "strategy.weight_decay", es.weight_decay, "must be >= 0")
-    choice("strategy.shaping", es.shaping, ("zscore", "centered_rank", "none"))
+    choice("strategy.shaping", es.shaping, SHAPINGS)
     choice("strategy.optimizer", es.optimizer, ("sgd", "adam"))
     require(0 <= es.beta1 < 1, "strategy.beta1", es.beta1, "must be in [0, 1)")
     require(0 <= es.beta2 < 1, "strategy.beta2", es.beta2, "must be in [0, 1)")

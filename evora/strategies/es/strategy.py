@@ -20,7 +20,7 @@ from evora.lora.noise import member_noise
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.es.config import ESConfig
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told, clone_tensors
-from evora.strategies.shaping import shape
+from evora.strategies.shaping import shape, shaping_input
 
 
 @dataclass
@@ -104,7 +104,7 @@ class EvolutionStrategy:
 
     def tell(self, state: ESState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
         theta = state.theta
-        grad = self.gradient(state, specs, results.fitness)
+        grad = self.gradient(state, specs, shaping_input(results, self.cfg.shaping))
         step = state.step + 1
         new = ESState(theta={}, step=step, noise_scales=state.noise_scales)
         direction = grad

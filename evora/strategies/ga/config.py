@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from evora.strategies.adapter_init import check_init
 from evora.strategies.checks import choice, require
+from evora.strategies.shaping import PER_PROMPT
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class GAConfig:
     keep_top: int = 2  # elites carried unchanged into the next generation
     parents: int = 4  # best members of a generation that may parent the next one (>= keep_top)
     selection: str = "tournament"  # truncation | tournament (among the parents)
+    shaping: str = "none"  # none: rank by fitness | per_prompt: by the mean of per-prompt z-scored fitness
     tournament_size: int = 2
     crossover_rate: float = 0.2
     crossover: str = "module"  # module | layer | blend
@@ -37,6 +39,7 @@ class GAConfig:
 
 
 def check_ga(ga: GAConfig, run: Any = None) -> None:
+    choice("strategy.shaping", ga.shaping, ("none", PER_PROMPT))
     _check_selection(ga)
     _check_variation(ga)
     check_init(ga)

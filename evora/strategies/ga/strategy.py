@@ -31,6 +31,7 @@ from evora.strategies.protocol import (
     TrainingContext,
     clone_tensors,
 )
+from evora.strategies.shaping import shaping_input
 
 ELITE, MUTATE, CROSSOVER, INIT = "elite", "mutate", "crossover", "init"
 
@@ -184,7 +185,7 @@ class GeneticAlgorithm:
     def tell(self, state: GAState, specs: list[GASpec], results: GenerationResults) -> Told:
         if [s.index for s in specs] != list(range(len(specs))):
             raise ValueError("specs must be the whole population in index order")
-        fitness = results.fitness
+        fitness = shaping_input(results, self.cfg.shaping)  # shaping=none: the fitness itself
         keep = self.survivors(fitness)
         payload = self._payload(state, specs[0].generation)
         new = GAState(

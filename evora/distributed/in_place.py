@@ -1,0 +1,44 @@
+"""Candidates that perturb the engine's own weights (the ES paper's algorithm, es_full):
+one after another, each spec's weights are set from the fp32 master copies plus its
+perturbation, its requests generated, and the weights set back by casting the master
+copies again, so after every candidate the engine holds bitwise what it held before
+(subtracting the noise in low precision would drift)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from evora.distributed.cells import Requests
+from evora.engines import Completion, Engine
+from evora.strategies.full_weights import InPlaceStrategy, MasterWeights
+from evora.strategies.protocol import PERTURB
+
+
+def complete_in_place(
+    engine: Engine,
+    strategy_and_master: tuple[InPlaceStrategy, MasterWeights],
+    payload: Any,
+    specs: Sequence[Any],
+    requests: Requests,
+    max_tokens: int,
+) -> list[Completion]:
+    """The unit's completions, its specs' requests generated spec by spec."""
+    strategy, master = strategy_and_master
+    rows = requests.rows()
+    out: list[Completion | None] = [None] * len(rows)
+    for row, spec in enumerate(specs):
+        indices = [i for i, r in enumerate(rows) if r == row]
+        if not indices:
+            continue
+        sampling = None if requests.sampling is None else [requests.sampling[i] for i in indices]
+        prompts = [requests.prompts[i] for i in indices]
+        if spec.op == PERTURB:
+            engine.set_base_weights(strategy.perturbed(master, payload, spec))
+        try:
+            completions = engine.generate(prompts, [None] * len(indices), max_tokens, sampling)
+        finally:
+            if spec.op == PERTURB:
+                engine.set_base_weights(master.tensors)  # exactly the master again, cast as at the sync
+        for i, completion in zip(indices, completions):
+            out[i] = completion
+    return [c for c in out if c is not None]

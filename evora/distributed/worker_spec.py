@@ -1,0 +1,126 @@
+"""What an engine worker is given: its engine's settings, the task, the run seed, the
+adapter layout and the strategy's config (`WorkerSpec`), built from the run config; and the
+helpers that build an engine's spec and tokenizer from it (also for PBT's trials and the
+driver's gradient training)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from evora.config.schema import RunConfig, TaskConfig, vllm_lora_rank
+from evora.engines import EngineSpec
+from evora.lora.layout import AdapterLayout
+from evora.tasks import Splits, Task, build_task
+
+ADAPTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker needs, and no more: its engine, the task, and the strategy config
+    that rebuilds candidates (None for evaluation-only pools)."""
+
+    engine_name: str
+    engine: EngineSpec
+    task: TaskConfig
+    seed: int  # the run seed: data splits and candidate noise derive from it
+    layout: AdapterLayout
+    adapter_dtype: str  # candidates are materialised in the engine's dtype
+    adapter_dir: str
+    run_tag: str  # names this run's tmpfs scratch folders
+    strategy: Any = None
+    # The task and its splits as the run plan resolved them; None: the worker builds them from `task`.
+    resolved: tuple[Task, Splits] | None = None
+
+
+def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = None) -> EngineSpec:
+    hw, engine = run.hardware, run.engine
+    return EngineSpec(
+        model=model_path,
+        tokenizer=run.model.tokenizer,
+        revision=run.model.revision,
+        dtype=run.model.dtype,
+        max_model_len=run.model.max_model_len,
+        max_lora_rank=max_lora_rank or run.lora.rank,
+        max_loras=engine.max_loras,
+        max_cpu_loras=host_lora_slots(run),
+        max_num_seqs=engine.max_num_seqs,
+        enforce_eager=engine.enforce_eager,
+        tensor_parallel_size=hw.tensor_parallel_size,
+        gpu_memory_utilization=hw.gpu_memory_utilization,
+        kv_cache_gib=hw.kv_cache_gib,
+        cpu_threads=hw.cpu_threads_per_worker,
+        seed=run.seed,
+        trust_remote_code=run.model.trust_remote_code,
+        device="cuda" if hw.gpus_per_worker > 0 else "cpu",
+        ignore_eos=engine.ignore_eos,
+        adapters_in_memory=engine.adapters_in_memory,
+        vllm_args=dict(engine.vllm_args),
+    )
+
+
+def host_lora_slots(run: RunConfig) -> int:
+    """Adapters an engine keeps loaded on its host: a work unit's candidates. Under
+    `engine.units=whole` a unit is a worker's share of the population: all of it, were that
+    worker the last one left (beyond this, vLLM would evict and re-read adapters mid-call)."""
+    engine = run.engine
+    if engine.units == "whole":
+        return max(engine.max_loras, int(getattr(run.strategy, "population", 0) or 0))
+    return engine.max_loras
+
+
+def engine_rank(layout: AdapterLayout) -> int:
+    return vllm_lora_rank(layout.rank)
+
+
+def adapter_dtype(model_dtype: str, model_path: str) -> str:
+    """The engine's dtype: candidates are materialised in it (fp32 master weights stay on the driver)."""
+    if model_dtype == "auto":
+        config_file = Path(model_path) / "config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        model_dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return model_dtype if model_dtype in ADAPTER_DTYPES else "float32"
+
+
+def worker_spec(
+    run: RunConfig,
+    model_path: str,
+    layout: AdapterLayout,
+    run_tag: str,
+    *,
+    with_strategy: bool = True,
+    max_lora_rank: int | None = None,
+    resolved: tuple[Task, Splits] | None = None,
+) -> WorkerSpec:
+    # The engine wraps the modules the layout targets (PBT: the union over its search space).
+    engine = replace(engine_spec(run, model_path, max_lora_rank), lora_target_modules=tuple(layout.target_modules))
+    return WorkerSpec(
+        run.engine.name,
+        engine,
+        run.task,
+        run.seed,
+        layout,
+        adapter_dtype(run.model.dtype, model_path),
+        run.engine.adapter_dir,
+        run_tag,
+        run.strategy if with_strategy else None,
+        resolved,
+    )
+
+
+def resolve_task(cfg: TaskConfig, seed: int) -> tuple[Task, Splits]:
+    task = build_task(cfg, seed)
+    return task, task.splits()
+
+
+def load_tokenizer(spec: EngineSpec) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        spec.tokenizer or spec.model, revision=spec.revision, trust_remote_code=spec.trust_remote_code
+    )

@@ -1,0 +1,205 @@
+"""The ES paper's algorithm over full weights ("Evolution Strategies at Scale: LLM Fine-Tuning
+Beyond Reinforcement Learning", Qiu et al. 2025).
+
+Member m of generation g perturbs every selected matrix W (by checkpoint name, fp32, in the
+shape the checkpoint stores it) by dense iid Gaussian noise
+
+    eps_m[W] ~ N(0, I),  drawn from (run seed, "es_full", g, m, W's name)
+
+and candidate i is W + sign_i sigma eps_m(i) (sign_i = +1; or +/- pairs with antithetic). A
+worker evaluates it on the engine's own weights, set to `perturbed(...)`, and restores them
+from the master copies afterwards. With z the shaped fitness, the update is
+
+    W <- W + lr / N sum_i z_i sign_i eps_m(i) - lr * weight_decay * W
+
+THE PAPER'S UPDATE: it is not divided by sigma (unlike the textbook ES gradient estimate
+1 / (N sigma) sum_i z_i eps_i, and unlike strategy=eggroll), so `lr` is the paper's alpha and
+the step's size does not grow as sigma shrinks. As with EGGROLL the driver keeps only each
+generation's fitness; every worker regenerates the noise and applies the same update to its
+own fp32 `MasterWeights`.
+
+Transposed matrices (GPT-2's Conv1D, stored [in, out], `MasterWeights.transposed`): dense
+iid noise has no orientation, so it is drawn in the stored shape directly; `perturbed` and
+`apply` both index the noise by the stored name and shape, so they agree with each other and
+nothing is ever transposed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from evora.lora import Tensors
+from evora.lora.layout import AdapterLayout
+from evora.lora.noise import gaussian, noise_key
+from evora.strategies.es_full.config import EsFullConfig
+from evora.strategies.full_weights import MasterWeights, matrix_name
+from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
+from evora.strategies.shaping import shape, shaping_input
+
+
+@dataclass
+class EsFullState:
+    STATE_VERSION: ClassVar[int] = 1
+    modules: list[str]  # the perturbed modules, in the layout's order
+    shapes: list[list[int]]  # [out, in] of each
+    # per generation: the population's fitness (shaping=per_prompt: its per-prompt normalised means)
+    fitness: list[list[float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EsFullPayload:
+    generation: int
+    modules: tuple[str, ...]  # the perturbed modules; their matrices are matrix_name(module)
+
+
+@dataclass(frozen=True)
+class EsFullUpdate:
+    """What every worker applies after a generation: a pure function of the fitness."""
+
+    generation: int
+    coefficients: tuple[float, ...]  # per member: sum over its candidates of shaped fitness x sign
+    population: int  # N, the candidates (the update's divisor)
+
+
+class EsFullStrategy:
+    state_type: ClassVar[type] = EsFullState  # kind=full_weight: the loop syncs the engines' weights after each tell
+
+    def __init__(self, cfg: EsFullConfig, run_seed: int):
+        self.cfg = cfg
+        self.run_seed = run_seed
+
+    @property
+    def perturbation_rank(self) -> int:
+        """Candidates are not LoRAs; the run plan sizes the engines' LoRA slots from this (1: the least)."""
+        return 1
+
+    @property
+    def snapshot_every(self) -> int:
+        return self.cfg.snapshot_every
+
+    @property
+    def delta_rank(self) -> int:
+        return self.cfg.delta_rank
+
+    # --- noise ------------------------------------------------------------------------
+
+    def noise(self, generation: int, member: int, name: str, shape_: tuple[int, ...]) -> torch.Tensor:
+        """eps of member's perturbation of matrix `name` (checkpoint name), fp32, in its stored shape."""
+        return gaussian(noise_key(self.run_seed, "es_full", generation, member, name), shape_)
+
+    # --- ask / tell -------------------------------------------------------------------
+
+    def initial_state(self, context: StrategyContext) -> EsFullState:
+        slots = context.layout.modules
+        return EsFullState([s.name for s in slots], [[s.out_features, s.in_features] for s in slots])
+
+    def population(self, generation: int) -> list[CandidateSpec]:
+        """Candidate i: member i, sign +1; antithetic: member i // 2, signs +, -."""
+        if self.cfg.antithetic:
+            return [
+                CandidateSpec(generation, i, member=i // 2, sign=1 if i % 2 == 0 else -1)
+                for i in range(self.cfg.population)
+            ]
+        return [CandidateSpec(generation, i, member=i, sign=1) for i in range(self.cfg.population)]
+
+    def ask(self, state: EsFullState, generation: int) -> tuple[list[CandidateSpec], EsFullPayload]:
+        return self.population(generation), EsFullPayload(generation, tuple(state.modules))
+
+    def materialise(self, payload: EsFullPayload, spec: CandidateSpec) -> Tensors:
+        """Not a LoRA: strategy=es_full registers in_place=True, and its candidates are the
+        engine's own weights set to `perturbed(master, payload, spec)`."""
+        raise TypeError(
+            f"strategy=es_full: candidate {spec.label} is not a LoRA; a worker evaluates it in place, "
+            "on the engine's weights set to strategy.perturbed(master, payload, spec)"
+        )
+
+    def perturbed(self, master: MasterWeights, payload: EsFullPayload, spec: CandidateSpec) -> Tensors:
+        """The candidate's weights, by checkpoint name, fp32, as stored: master + sign sigma eps,
+        fresh tensors (the master copies are not touched)."""
+        if spec.generation != payload.generation:
+            raise ValueError(f"candidate of generation {spec.generation} with the payload of {payload.generation}")
+        if master.generation != payload.generation:
+            raise ValueError(
+                f"candidate of generation {payload.generation} on weights of generation {master.generation}"
+            )
+        factor = spec.sign * self.cfg.sigma
+        out: Tensors = {}
+        for module in payload.modules:
+            name = matrix_name(module)
+            if name not in master.tensors:
+                raise KeyError(f"strategy=es_full: the master weights hold no matrix named {name}")
+            weight = master.tensors[name]
+            eps = self.noise(payload.generation, spec.member, name, tuple(weight.shape))
+            out[name] = eps.mul_(factor).add_(weight)  # == weight + factor * eps, bitwise
+        return out
+
+    def tell(self, state: EsFullState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
+        if [s.index for s in specs] != list(range(len(specs))):
+            raise ValueError("specs must be the whole population in index order")
+        generation = specs[0].generation
+        if generation != len(state.fitness):  # the updates are replayed by position: no gaps
+            raise ValueError(f"tell of generation {generation} after {len(state.fitness)} generations")
+        shaped = shaping_input(results, self.cfg.shaping)
+        state = replace(state, fitness=[*state.fitness, [float(f) for f in shaped]])
+        coefficients = self.update_of(state, generation).coefficients
+        # Members whose coefficient is 0 move nothing (ties: greedy decoding ties often).
+        return Told(state, {"members_tied": float(sum(c == 0.0 for c in coefficients) / len(coefficients))})
+
+    def center(self, state: EsFullState) -> Tensors:
+        return {}  # no adapter: the engines' own (updated) weights are the center
+
+    # --- the weight update, on every worker --------------------------------------------
+
+    def update_of(self, state: EsFullState, generation: int) -> EsFullUpdate:
+        """The update that follows `generation` (0-based), from its fitness."""
+        fitness = np.asarray(state.fitness[generation], dtype=np.float64)
+        specs = self.population(generation)
+        if len(fitness) != len(specs):
+            raise ValueError(f"generation {generation} has {len(fitness)} fitness values for {len(specs)} candidates")
+        weights = shape(fitness, self.cfg.shaping)
+        coefficients = [0.0] * (specs[-1].member + 1)
+        for spec, w in zip(specs, weights):
+            coefficients[spec.member] += float(w) * spec.sign
+        return EsFullUpdate(generation, tuple(coefficients), len(fitness))
+
+    def master_bytes(self, layout: AdapterLayout) -> int:
+        """Host memory of one worker's master copies and, beside them, the fp32 candidate
+        `perturbed` builds: 4 bytes a weight each."""
+        weights = sum(slot.out_features * slot.in_features for slot in layout.modules)
+        return 4 * weights * 2
+
+    def start_master(self, tensors: Tensors, transposed: frozenset[str] = frozenset()) -> MasterWeights:
+        """fp32 copies as the checkpoint stores them; `transposed`: those stored [in, out]
+        (the noise is drawn in the stored shape, so they need nothing else)."""
+        copies = {k: v.detach().to(torch.float32).clone() for k, v in tensors.items()}
+        return MasterWeights(copies, transposed=transposed)
+
+    def direction(self, update: EsFullUpdate, name: str, shape_: tuple[int, ...]) -> torch.Tensor:
+        """sum_m c_m eps_m of matrix `name`, fp32, members in ascending order (those with c_m = 0 skipped)."""
+        total = torch.zeros(shape_, dtype=torch.float32)
+        for member, coefficient in enumerate(update.coefficients):
+            if coefficient != 0.0:
+                total.add_(self.noise(update.generation, member, name, shape_), alpha=coefficient)
+        return total
+
+    def apply(self, master: MasterWeights, update: EsFullUpdate) -> float:
+        """Apply one update to the master copies in place (matrices in name order, each in its
+        stored shape, transposed ones included); returns the update's norm."""
+        if update.generation != master.generation:
+            raise ValueError(f"update of generation {update.generation} on weights of generation {master.generation}")
+        cfg, squares = self.cfg, 0.0
+        step = cfg.lr / update.population  # the paper's alpha / N: no division by sigma
+        for name in sorted(master.tensors):
+            weight = master.tensors[name]
+            delta = self.direction(update, name, tuple(weight.shape)).mul_(step)
+            if cfg.weight_decay:
+                delta -= (cfg.lr * cfg.weight_decay) * weight
+            weight += delta
+            squares += float((delta.double() ** 2).sum())
+        master.generation += 1
+        return math.sqrt(squares)
