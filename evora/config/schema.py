@@ -77,6 +77,9 @@ class TaskConfig:
     split: str = "shuffled"  # shuffled: seeded shuffle | ordered: train from the data's head, held-out from its tail
     number_rule: str = "all_exactly_once"  # countdown: all_exactly_once (the paper) | at_most_once
     answer_block: str = "last"  # countdown: which <answer> block is scored: last (the paper) | first
+    # conciseness: a completion's length as generated (the paper: the decoded text, whitespace
+    # included) | stripped (surrounding whitespace left out)
+    length_measure: str = "generated"
     families: dict[str, float] = field(default_factory=dict)  # task=mix: family (a task name) -> weight
     heldout_families: list[str] = field(default_factory=list)  # task=mix: families only in the held-out split
 

@@ -94,6 +94,7 @@ def _check_task(run: RunConfig) -> None:
     from evora.tasks import task_names
     from evora.tasks.base import SPLITS, load_object, task_class
     from evora.tasks.fitness import parse_fitness
+    from evora.tasks.conciseness import LENGTH_MEASURES
     from evora.tasks.prompts import FORMATS
     from evora.tasks.rewards.countdown import ANSWER_BLOCKS, NUMBER_RULES
     from evora.tasks.rewards.scorers import SCORERS
@@ -126,6 +127,7 @@ def _check_task(run: RunConfig) -> None:
     choice("task.split", task.split, SPLITS)
     choice("task.number_rule", task.number_rule, NUMBER_RULES)
     choice("task.answer_block", task.answer_block, ANSWER_BLOCKS)
+    choice("task.length_measure", task.length_measure, LENGTH_MEASURES)
     require(task.reward_timeout_s > 0, "task.reward_timeout_s", task.reward_timeout_s, "must be > 0 (seconds)")
     require(task.reward_workers >= 1, "task.reward_workers", task.reward_workers, "must be >= 1")
     if task.reward_memory_mb is not None:

@@ -1,7 +1,9 @@
 """Conciseness (the ES paper's task; the ES-over-LoRA notes): answer at the length of a reference.
 
 Reward -|len(completion) - len(target)| in characters, in [-len(completion) - len(target), 0]:
-0 is a completion exactly as long as the reference. Correct when the length is within
+0 is a completion exactly as long as the reference. The completion is measured as generated
+(the decoded text, whitespace included), as the paper's `compute_reward` measures it;
+task.length_measure=stripped leaves its surrounding whitespace out. Correct when the length is within
 20% (at least 2 characters) of the reference's. The paper's minimal supervision: 2
 training prompts, 8 test prompts (`data_files/conciseness_*.jsonl`, written for evora);
 task.data_path can point to a JSONL file of prompt/target records instead.
@@ -19,8 +21,12 @@ from evora.tasks.data import read_records, require
 DATA = Path(__file__).resolve().parent / "data_files"
 
 
-def length_gap(completion: str, target: str) -> int:
-    return abs(len(completion.strip()) - len(target))
+LENGTH_MEASURES = ("generated", "stripped")
+
+
+def length_gap(completion: str, target: str, measure: str = "generated") -> int:
+    measured = completion.strip() if measure == "stripped" else completion
+    return abs(len(measured) - len(target))
 
 
 def _examples(path: str) -> list[Example]:
@@ -49,9 +55,10 @@ class ConcisenessTask:
         return Splits(tuple(train), tuple(selection), tuple(heldout[: self.cfg.eval_size]))
 
     def reward(self, completion: str, example: Example) -> float:
-        return -float(length_gap(completion, example.answer))
+        return -float(length_gap(completion, example.answer, self.cfg.length_measure))
 
     # No `answer` (not an AnswerTask): the reward is a length, not an answer to vote on.
 
     def correct(self, completion: str, example: Example) -> bool:
-        return length_gap(completion, example.answer) <= max(2, 0.2 * len(example.answer))
+        gap = length_gap(completion, example.answer, self.cfg.length_measure)
+        return gap <= max(2, 0.2 * len(example.answer))

@@ -285,13 +285,19 @@ EGGROLL_RUN = (
     "task.prompts_per_generation=32",
     "engine=hf",
 )
+FULL_WEIGHT_RUNS = {
+    "eggroll": EGGROLL_RUN,
+    "es_full": tuple("strategy=es_full" if a == "strategy=eggroll" else a for a in EGGROLL_RUN),  # as long
+}
 
 
-def test_a_killed_eggroll_worker_is_replaced_with_the_same_weights(cluster):
+@pytest.mark.parametrize("strategy", ["eggroll", "es_full"])
+def test_a_killed_full_weight_worker_is_replaced_with_the_same_weights(cluster, strategy):
     """A replacement rebuilds the engine's weights from the snapshot and the fitness since
     (its checksum is checked when it joins); the exported model is bitwise the fault-free run's."""
-    reference, _ = cli_run(*EGGROLL_RUN, "hardware.num_workers=1")
-    out, process = start_on(cluster, EGGROLL_RUN)
+    run = FULL_WEIGHT_RUNS[strategy]
+    reference, _ = cli_run(*run, "hardware.num_workers=1")
+    out, process = start_on(cluster, run)
     run_dir = wait_for(process, lambda: logged(out, 0), "the initial evaluation")
     victim = live_workers(cluster, run_dir)[0].name
     ray.kill(ray.get_actor(victim))

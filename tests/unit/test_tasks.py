@@ -112,6 +112,10 @@ def test_conciseness_golden():
     assert t.reward(e.answer, e) == 0.0 and t.correct(e.answer, e)
     assert t.reward(e.answer + "x" * 10, e) == -10.0 and not t.correct(e.answer + "x" * 10, e)
     assert t.reward("", e) == -len(e.answer)
+    # Measured as generated (the ES paper's compute_reward): whitespace counts, unless stripped.
+    assert t.reward(" " + e.answer + "\n", e) == -2.0
+    stripped = task("conciseness", train_size=2, eval_size=8, prompts_per_generation=2, length_measure="stripped")
+    assert stripped.reward(" " + e.answer + "\n", e) == 0.0
 
 
 def test_arithmetic_golden():
