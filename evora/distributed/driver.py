@@ -95,7 +95,7 @@ class Driver:
             snapshots = self.loop.weight_snapshots
             self.weights = EngineWeights(self.strategy, pool, self.run_dir, snapshots, knobs(self.run_cfg.strategy))
             self.weights.to(self.state, self.loop.next_generation)
-        self.scoring = CenterScoring(pool, self.plan, moves_weights=self.weights is not None)
+        self.scoring = CenterScoring(pool, self.plan)
         texts = self.entry.keeps_texts(self.strategy)  # the ecology's self-training reads them
         parts = SearchParts(self.plan, self.strategy, pool, recorder, training, self.weights, texts)
         self.search: Search = SEARCHES[self.entry.kind](parts)

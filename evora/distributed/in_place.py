@@ -6,7 +6,9 @@ copies again, so after every candidate the engine holds bitwise what it held bef
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+import torch
 
 from evora.distributed.cells import Requests
 from evora.engines import Completion, Engine
@@ -21,11 +23,15 @@ def complete_in_place(
     specs: Sequence[Any],
     requests: Requests,
     max_tokens: int,
-) -> list[Completion]:
-    """The unit's completions, its specs' requests generated spec by spec."""
+    kl_base: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[list[Completion], list[list[float]] | None]:
+    """The unit's completions, its specs' requests generated spec by spec; given `kl_base` (the
+    model's own weights), each request's per-token KL from it too, measured while its
+    candidate's weights are set."""
     strategy, master = strategy_and_master
     rows = requests.rows()
     out: list[Completion | None] = [None] * len(rows)
+    kl: list[list[float]] = [[] for _ in rows]
     for row, spec in enumerate(specs):
         indices = [i for i, r in enumerate(rows) if r == row]
         if not indices:
@@ -36,9 +42,13 @@ def complete_in_place(
             engine.set_base_weights(strategy.perturbed(master, payload, spec))
         try:
             completions = engine.generate(prompts, [None] * len(indices), max_tokens, sampling)
+            if kl_base is not None:
+                ids = [list(c.token_ids) for c in completions]
+                for i, values in zip(indices, engine.kl_to_base(prompts, ids, [None] * len(indices), kl_base)):
+                    kl[i] = values
         finally:
             if spec.op == PERTURB:
                 engine.set_base_weights(master.tensors)  # exactly the master again, cast as at the sync
         for i, completion in zip(indices, completions):
             out[i] = completion
-    return [c for c in out if c is not None]
+    return [c for c in out if c is not None], None if kl_base is None else kl

@@ -16,10 +16,8 @@ from evora.tracking.compute import Spend
 
 
 class CenterScoring:
-    def __init__(self, pool: WorkerPool, plan: RunPlan, moves_weights: bool):
+    def __init__(self, pool: WorkerPool, plan: RunPlan):
         self.pool, self.splits, self.fitness = pool, plan.splits, plan.fitness
-        # Under moved base weights an engine has no base model to measure the KL against.
-        self.kl = not moves_weights
         self.k = eval_decoding(plan.run.task).k
 
     def outcomes(
@@ -48,7 +46,6 @@ class CenterScoring:
             keep_texts=whole,
             perplexity=whole or self.fitness.needs_perplexity,
             spend=spend,
-            kl=self.kl,
             kl_on_selection=self.fitness.needs_kl,
             k=self.k,
         )

@@ -126,6 +126,7 @@ class EngineWorker:
         self.scratch = AdapterScratch(spec.adapter_dir, spec.run_tag)
         self.model, self.revision = spec.engine.model, spec.engine.revision
         self.master: MasterWeights | None = None  # full-weight strategies: fp32 copies of the selected matrices
+        self._original: Tensors | None = None  # full-weight strategies: the model's own selected matrices (KL)
         self.in_place = spec.strategy is not None and get_strategy(spec.strategy.name).in_place
         self.run_seed = spec.seed
         self.decodings = {False: eval_decoding(spec.task), True: search_decoding(spec.task)}  # by: is it train?
@@ -157,13 +158,13 @@ class EngineWorker:
         decoding = self.decodings[unit.split == "train"]
         requests = requests_of(mask, prompts, refs, decoding, self._seeds(unit))
         # A routed unit may hold no pair at all (members routed to other examples): no engine call.
-        completions = self._complete(payload, unit, requests) if requests.cells else []
+        completions, measured = self._complete(payload, unit, requests) if requests.cells else ([], None)
         generated = time.perf_counter()
         outcome = self._score(decoding, completions, [examples[c] for _, c in requests.cells])
         values, scored = outcome.values, time.perf_counter()
         ppl, tokens_scored = self.perplexities(unit, examples, prompts, requests.cells, refs, mask)
         perplexity_done = time.perf_counter()
-        kl, tokens_kl = self.kl_to_base(requests, completions) if unit.kl else (None, 0)
+        kl, tokens_kl = self.kl_to_base(requests, completions, measured) if unit.kl else (None, 0)
         self._release(refs)
         return UnitResult(
             indices=[s.index for s in unit.specs],
@@ -220,10 +221,16 @@ class EngineWorker:
 
         return seed
 
-    def _complete(self, payload: Any, unit: WorkUnit, requests: Requests) -> list[Completion]:
+    def _complete(
+        self, payload: Any, unit: WorkUnit, requests: Requests
+    ) -> tuple[list[Completion], list[list[float]] | None]:
+        """The requests' completions; in place, also each one's per-token KL to the model's own
+        weights when the unit asks for it (measured while the candidate's weights are set)."""
         if not self.in_place:
-            return self.engine.generate(requests.prompts, requests.adapters, self.max_tokens, requests.sampling)
-        return complete_in_place(self.engine, self._in_place(), payload, unit.specs, requests, self.max_tokens)
+            completions = self.engine.generate(requests.prompts, requests.adapters, self.max_tokens, requests.sampling)
+            return completions, None
+        kl_base = self._kl_base() if unit.kl else None
+        return complete_in_place(self.engine, self._in_place(), payload, unit.specs, requests, self.max_tokens, kl_base)
 
     def _in_place(self) -> tuple[InPlaceStrategy, MasterWeights]:
         assert self.strategy is not None and self.master is not None, "in-place candidates need synced weights"
@@ -263,15 +270,21 @@ class EngineWorker:
         tokens = sum(len(prompts[c]) + len(targets[c]) for _, c in cells)
         return scatter(mask, [perplexity(lp) for lp in logprobs], np.nan), tokens
 
-    def kl_to_base(self, requests: Requests, completions: list[Completion]) -> tuple[list[float], int]:
+    def kl_to_base(
+        self, requests: Requests, completions: list[Completion], measured: list[list[float]] | None = None
+    ) -> tuple[list[float], int]:
         """Mean per-token KL(adapter || base) of each cell's completions (0.0 for base rows and
         empty completions; the mean over a cell's samples), and the tokens it ran: prompt +
-        completion, once with the adapter and once without."""
-        prompts, adapters = requests.prompts, requests.adapters
-        rows = [i for i, a in enumerate(adapters) if a is not None]
-        per_token = self.engine.kl_to_base(
-            [prompts[i] for i in rows], [list(completions[i].token_ids) for i in rows], [adapters[i] for i in rows]
-        )
+        completion, once with the adapter and once without. Under moved weights (full-weight
+        strategies) the base is the model's own weights, and every row is measured; `measured`:
+        per-request KLs measured already (in-place candidates)."""
+        prompts, adapters, base = requests.prompts, requests.adapters, self._kl_base()
+        rows = [i for i, a in enumerate(adapters) if a is not None or base is not None]
+        if measured is not None:
+            per_token = [measured[i] for i in rows]
+        else:
+            ids = [list(completions[i].token_ids) for i in rows]
+            per_token = self.engine.kl_to_base([prompts[i] for i in rows], ids, [adapters[i] for i in rows], base)
         kl = np.zeros(len(prompts), dtype=np.float64)
         for i, values in zip(rows, per_token):
             kl[i] = float(np.mean(values)) if values else 0.0
@@ -313,6 +326,16 @@ class EngineWorker:
             "update_norm": norm,
             "seconds": time.perf_counter() - started,
         }
+
+    def _kl_base(self) -> Tensors | None:
+        """The model's own weights of the selected matrices, once an engine's weights may have
+        moved (full-weight strategies); None: the engine's weights are the base model's."""
+        if self.master is None:
+            return None
+        if self._original is None:
+            names = [matrix_name(slot.name) for slot in self.layout.modules]
+            self._original = read_weights(self.model, names, self.revision)
+        return self._original
 
     def _full_weight(self) -> FullWeightStrategy:
         assert self.strategy is not None, "a full-weight run's workers build its strategy"

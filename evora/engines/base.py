@@ -106,12 +106,18 @@ class Engine(Protocol):
         prompts: Sequence[list[int]],
         completions: Sequence[list[int]],
         adapters: Sequence[AdapterRef | None],
+        base: Mapping[str, torch.Tensor] | None = None,
     ) -> list[list[float]]:
         """Per-token KL(adapter || base) along completions[i] after prompts[i] (teacher forcing):
         at each completion position, sum over the vocabulary of p_a * (log p_a - log p_b) of the
-        next-token distributions under adapters[i] and under the base model. One value per
-        completion token; a row whose adapter is None is all zeros. Each engine says in its
-        docstring how exactly it computes the sum (hf: exact; vLLM: top-k estimate)."""
+        next-token distributions under adapters[i] (on the engine's current weights) and under
+        the base model. One value per completion token. The base model is the engine's current
+        weights without adapter, where a row whose adapter is None is all zeros; or, given
+        `base` (weights by checkpoint name, as `set_base_weights` takes them: the model's own,
+        for an engine whose weights a full-weight strategy moved), those weights in place of
+        the current ones, every row measured, the engine's weights bitwise as they were after.
+        Each engine says in its docstring how exactly it computes the sum (hf: exact; vLLM:
+        top-k estimate)."""
 
     def release(self, adapters: Sequence[AdapterRef]) -> None:
         """Drop adapters from the engine's caches."""

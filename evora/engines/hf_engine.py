@@ -193,21 +193,42 @@ class HFEngine:
         ]
 
     def kl_to_base(
-        self, prompts: Sequence[list[int]], completions: Sequence[list[int]], adapters: Sequence[AdapterRef | None]
+        self,
+        prompts: Sequence[list[int]],
+        completions: Sequence[list[int]],
+        adapters: Sequence[AdapterRef | None],
+        base: Mapping[str, torch.Tensor] | None = None,
     ) -> list[list[float]]:
         def run(chunk: list[int]) -> list[list[float]]:
-            if adapters[chunk[0]] is None or not any(completions[i] for i in chunk):
+            against_itself = adapters[chunk[0]] is None and base is None
+            if against_itself or not any(completions[i] for i in chunk):
                 return [[0.0] * len(completions[i]) for i in chunk]  # the base model against itself: 0
-            return self._kl([prompts[i] for i in chunk], [list(completions[i]) for i in chunk])
+            return self._kl([prompts[i] for i in chunk], [list(completions[i]) for i in chunk], base)
 
         return self._by_adapter(adapters, run)
 
-    def _kl(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+    def _kl(
+        self, prompts: list[list[int]], completions: list[list[int]], base: Mapping[str, torch.Tensor] | None
+    ) -> list[list[float]]:
         """Exact per-token KL(adapter || base) of one chunk, the active adapter's."""
         adapted = self._next_token_logprobs(prompts, completions)
-        with self._active(None):  # PEFT's disable_adapter: the same modules, LoRA layers bypassed
-            base = self._next_token_logprobs(prompts, completions)
-        return [exact_kl(a, b).tolist() for a, b in zip(adapted, base)]
+        with self._active(None), self._weights(base):  # PEFT's disable_adapter: LoRA layers bypassed
+            reference = self._next_token_logprobs(prompts, completions)
+        return [exact_kl(a, b).tolist() for a, b in zip(adapted, reference)]
+
+    @contextmanager
+    def _weights(self, weights: Mapping[str, torch.Tensor] | None) -> Iterator[None]:
+        """`weights` in place of the current ones for the block (None: as they are); the current
+        ones copied back after it, bitwise (the copies are in the engine's dtype)."""
+        if weights is None:
+            yield
+            return
+        current = self.base_weights(list(weights))
+        self.set_base_weights(weights)
+        try:
+            yield
+        finally:
+            self.set_base_weights(current)
 
     def release(self, adapters: Sequence[AdapterRef]) -> None:
         if self.peft is None:

@@ -213,12 +213,17 @@ class VLLMEngine:
         ]
 
     def kl_to_base(
-        self, prompts: Sequence[list[int]], completions: Sequence[list[int]], adapters: Sequence[AdapterRef | None]
+        self,
+        prompts: Sequence[list[int]],
+        completions: Sequence[list[int]],
+        adapters: Sequence[AdapterRef | None],
+        base: Mapping[str, torch.Tensor] | None = None,
     ) -> list[list[float]]:
         from vllm import SamplingParams
 
         kl = [[0.0] * len(c) for c in completions]  # base rows (and empty completions) stay 0
-        rows = [i for i, a in enumerate(adapters) if a is not None and len(completions[i]) > 0]
+        measured = [base is not None or a is not None for a in adapters]
+        rows = [i for i, wanted in enumerate(measured) if wanted and len(completions[i]) > 0]
         if not rows:
             return kl
         # The last completion token stays out of the sequence: the distribution that predicted it
@@ -235,8 +240,15 @@ class VLLMEngine:
         )
         sequences = [list(prompts[i]) + list(completions[i][:-1]) for i in rows]
         adapted = self._one_adapter_per_call(sequences, [adapters[i] for i in rows], params)
-        base = self._one_adapter_per_call(sequences, [None] * len(rows), params)
-        for i, with_adapter, without in zip(rows, adapted, base):
+        current = None if base is None else self.base_weights(list(base))
+        if base is not None:
+            self.set_base_weights(base)
+        try:
+            reference = self._one_adapter_per_call(sequences, [None] * len(rows), params)
+        finally:
+            if current is not None:  # the engine's own values back, bitwise (they are in its dtype)
+                self.set_base_weights(current)
+        for i, with_adapter, without in zip(rows, adapted, reference):
             start = len(prompts[i])
             kl[i] = [top_k_kl(a, b) for a, b in zip(distributions(with_adapter, start), distributions(without, start))]
         return kl

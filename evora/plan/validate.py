@@ -93,8 +93,8 @@ def _check_lora(run: RunConfig) -> None:
 def _check_task(run: RunConfig) -> None:
     from evora.tasks import task_names
     from evora.tasks.base import SPLITS, load_object, task_class
-    from evora.tasks.fitness import parse_fitness
     from evora.tasks.conciseness import LENGTH_MEASURES
+    from evora.tasks.fitness import parse_fitness
     from evora.tasks.prompts import FORMATS
     from evora.tasks.rewards.countdown import ANSWER_BLOCKS, NUMBER_RULES
     from evora.tasks.rewards.scorers import SCORERS
@@ -141,7 +141,7 @@ def _check_task(run: RunConfig) -> None:
 
 def _check_decoding(run: RunConfig) -> None:
     """Sampling, the aggregate of a cell's samples, and the KL penalty."""
-    from evora.strategies.protocol import GRADIENT, POPULATION, PORTFOLIO
+    from evora.strategies.protocol import JOB
     from evora.tasks.aggregate import AGGREGATES
     from evora.tasks.fitness import task_fitness
 
@@ -167,14 +167,13 @@ def _check_decoding(run: RunConfig) -> None:
             f"must be in 1..task.eval_samples ({task.eval_samples}), or null",
         )
     require(task.kl_penalty >= 0, "task.kl_penalty", task.kl_penalty, "must be >= 0")
-    kind = get_strategy(run.strategy.name).kind
     if task_fitness(task.fitness, task.kl_penalty).needs_kl:
         require(
-            kind in (POPULATION, PORTFOLIO, GRADIENT),
+            get_strategy(run.strategy.name).kind != JOB,
             "task.kl_penalty" if task.kl_penalty else "task.fitness",
             task.kl_penalty or task.fitness,
-            f"a KL term needs candidates that are adapters of the base model (es, ga, ecology, sft, grpo); "
-            f"strategy={run.strategy.name} moves the base weights or scores its own fitness",
+            f"strategy={run.strategy.name} runs its own job and scores its own fitness (strategy.fitness); "
+            "a KL term applies to the strategies the shared loop runs",
         )
 
 

@@ -93,7 +93,9 @@ def test_the_run_summary_names_the_exports_and_the_delta_adapter_loads_in_peft(t
     assert summary["adapters"]["model"] == "model" and (run_dir / "model" / "model.safetensors").is_file()
     details = summary["details"]
     assert details["delta_rank"] == 16 and 0.0 <= details["delta_relative_error"] < 1.0
-    assert "kl" not in summary["best"]  # no base model inside an engine whose weights moved
+    # Measured against the model's own weights, swapped in on each worker: 0 for the base itself,
+    # more for weights that moved.
+    assert summary["base"]["kl"] == 0.0 and summary["best"]["kl"] > 0.0
     base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, str(run_dir / "adapters" / "delta"))
     assert model.peft_config["default"].r == 16
@@ -211,6 +213,13 @@ def test_a_worker_evaluates_each_candidate_on_its_own_weights_and_restores_them_
         seen.clear()
         again = worker.evaluate(payload, unit)
         assert np.array_equal(first.rewards, again.rewards) and again.texts == texts
+        assert engine_holds(master.tensors)
+        # The KL to the model's own weights, measured while each candidate's weights are set: 0 for
+        # the engine's own (the model's, at generation 0), more for a perturbed candidate.
+        worker.engine.generate = generate
+        measured = worker.evaluate(payload, WorkUnit(specs, "heldout", prompts, kl=True)).kl
+        assert measured[1].tolist() == measured[3].tolist() == [0.0] * len(prompts)
+        assert all(measured[row].mean() > 0 for row in (0, 2, 4))
         assert engine_holds(master.tensors)
     finally:
         worker.shutdown()

@@ -181,3 +181,26 @@ def test_split_outcome_reports_kl_only_when_measured():
     rows = np.zeros(2), np.zeros(2, dtype=bool), np.ones(2)
     assert "kl" not in SplitOutcome(*rows, None, None).metrics()
     assert SplitOutcome(*rows, None, None, kl=np.array([0.5, 1.5])).metrics()["kl"] == 1.0
+
+
+def test_kl_to_given_base_weights_measures_moved_weights_and_puts_them_back(engine, prompts, tiny_path):
+    """An engine whose weights a full-weight strategy moved measures the KL of its own weights
+    (adapter None) against the model's, swapped in for the base's forward passes and out again."""
+    from evora.lora.base_weights import read_weights
+
+    name = "model.layers.1.mlp.down_proj.weight"
+    original = read_weights(tiny_path, [name])
+    completions = [list(c.token_ids) for c in engine.generate(prompts[:6], [None] * 6, 6)]
+    unmoved = engine.kl_to_base(prompts[:6], completions, [None] * 6, original)
+    assert all(v == 0.0 for row in unmoved for v in row) and any(completions)
+    moved = {
+        name: original[name] + 0.05 * torch.randn(original[name].shape, generator=torch.Generator().manual_seed(1))
+    }
+    engine.set_base_weights(moved)
+    try:
+        kl = engine.kl_to_base(prompts[:6], completions, [None] * 6, original)
+        assert torch.equal(engine.base_weights([name])[name], moved[name])  # bitwise back
+        assert engine.kl_to_base(prompts[:6], completions, [None] * 6) == [[0.0] * len(c) for c in completions]
+    finally:
+        engine.set_base_weights(original)
+    assert all(v >= 0 for row in kl for v in row) and sum(map(sum, kl)) > 0

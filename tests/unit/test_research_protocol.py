@@ -125,11 +125,8 @@ def test_kl_penalty_composes_with_the_fitness_and_names_its_term():
         (["task.top_p=0"], "task.top_p=0"),
         (["task.temperature=-1"], "task.temperature=-1"),
         (["task.kl_penalty=-0.1"], "task.kl_penalty=-0.1: must be >= 0"),
-        (
-            ["strategy=eggroll", "task.kl_penalty=0.1"],
-            "task.kl_penalty=0.1: a KL term needs candidates that are adapters",
-        ),
-        (["strategy=es_full", "task.fitness=reward - kl"], "task.fitness="),
+        (["strategy=pbt", "task.kl_penalty=0.1"], "task.kl_penalty=0.1: strategy=pbt runs its own job"),
+        (["strategy=pbt", "task.fitness=reward - kl"], 'task.fitness="reward - kl": strategy=pbt runs its own job'),
     ],
 )
 def test_decoding_settings_are_checked_before_ray_in_one_line(overrides, message):
