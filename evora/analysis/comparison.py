@@ -1,6 +1,7 @@
 """Base-vs-adapter comparison on one split (the LoRALab comparison report): accuracy of
 each, improvements (base wrong, adapter right), regressions, both wrong, with the
-examples listed. Written as JSON and markdown."""
+examples listed (sampled several times, an example is right when at least half its samples
+are; the completion shown is its first sample). Written as JSON and markdown."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ def _texts(outcome: Outcome) -> list[str]:
     return outcome.texts
 
 
+def right(correct: Any) -> bool:
+    """Whether an example counts as right: its correctness, or, sampled several times (a
+    fraction of correct samples), right in at least half of them."""
+    return float(correct) >= 0.5
+
+
 def _row(i: int, example: Any, base: Outcome | None, adapter: Outcome) -> dict[str, Any]:
     row = {
         "index": i,
@@ -32,10 +39,10 @@ def _row(i: int, example: Any, base: Outcome | None, adapter: Outcome) -> dict[s
         "answer": example.answer,
         "adapter": _texts(adapter)[i],
         "adapter_reward": float(adapter.rewards[i]),
-        "adapter_correct": bool(adapter.correct[i]),
+        "adapter_correct": right(adapter.correct[i]),
     }
     if base is not None:
-        row.update(base=_texts(base)[i], base_reward=float(base.rewards[i]), base_correct=bool(base.correct[i]))
+        row.update(base=_texts(base)[i], base_reward=float(base.rewards[i]), base_correct=right(base.correct[i]))
     return row
 
 

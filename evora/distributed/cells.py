@@ -91,18 +91,17 @@ def cell_values(
     n = decoding.samples
     if n == 1:
         return CellValues(list(rewards), list(correct), list(tokens), None)
-    out = CellValues([], [], [], [])
-    for start in range(0, len(rewards), n):
-        span = slice(start, start + n)
-        outcome = aggregate(
-            decoding.aggregate, rewards[span], correct[span], None if answers is None else answers[span], decoding.k
-        )
-        out.rewards.append(outcome.reward)
-        out.correct.append(outcome.correct)
-        out.tokens.append(float(np.mean(tokens[span])))
-        assert out.correct_counts is not None
-        out.correct_counts.append(int(sum(correct[span])))
-    return out
+    spans = [slice(start, start + n) for start in range(0, len(rewards), n)]
+    outcomes = [
+        aggregate(decoding.aggregate, rewards[s], correct[s], None if answers is None else answers[s], decoding.k)
+        for s in spans
+    ]
+    return CellValues(
+        [o.reward for o in outcomes],
+        [o.correct for o in outcomes],
+        [float(np.mean(tokens[s])) for s in spans],
+        [int(sum(correct[s])) for s in spans],
+    )
 
 
 def per_cell_means(values: Sequence[float], samples: int) -> list[float]:

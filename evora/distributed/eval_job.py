@@ -26,6 +26,7 @@ from evora.lora.peft_io import layout_of_adapter, load_adapter_tensors
 from evora.plan.run_plan import RunPlan
 from evora.strategies.protocol import BASE
 from evora.tasks.base import Example
+from evora.tasks.decoding import eval_decoding
 from evora.tracking.compute import Spend
 from evora.tracking.run_dir import run_tag
 
@@ -52,11 +53,11 @@ def run_evaluation(plan: RunPlan, adapter: str | None, compare: bool, split: str
     run, layout, theta = plan.run, plan.layout, None
     if adapter is not None:
         layout, theta = layout_of_adapter(adapter, plan.modules.adaptable), load_adapter_tensors(adapter)
-    examples = plan.splits.get(split)
+    examples, k = plan.splits.get(split), eval_decoding(run.task).k
     with _worker_pool(plan, layout, out_dir) as pool:
         return report_against_base(
             lambda theta_, layout_, ops: evaluate_split(
-                pool, theta_, ops, split, len(examples), keep_texts=True, perplexity=True
+                pool, theta_, ops, split, len(examples), keep_texts=True, perplexity=True, k=k
             ),
             theta,
             None,

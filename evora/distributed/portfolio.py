@@ -99,7 +99,7 @@ def evaluate_members(
     results = pool.run(ray.put(MembersPayload(tuple(members))), units)
     spend.add(spend_of(results))
     out = {name: np.zeros((len(members), size), dtype=dtype) for name, dtype in
-           (("rewards", np.float64), ("correct", bool), ("tokens", np.int64), ("evaluated", bool))}  # fmt: skip
+           (("rewards", np.float64), ("correct", np.float64), ("tokens", np.float64), ("evaluated", bool))}  # fmt: skip
     if keep_texts:
         out["texts"] = np.full((len(members), size), "", dtype=object)
     for unit, result in zip(units, results):

@@ -50,7 +50,7 @@ from evora.strategies.full_weights import (
 )
 from evora.strategies.protocol import BASE, CENTER, MEMBER, PERTURB, materialise
 from evora.tasks.base import AnswerTask
-from evora.tasks.decoding import Decoding, eval_decoding, sample_seed, search_decoding
+from evora.tasks.decoding import Decoding, decoding_of, sample_seed
 from evora.tasks.fitness import perplexity
 from evora.tasks.prompts import PromptRenderer
 from evora.tasks.reward_pool import reward_scorer
@@ -129,7 +129,7 @@ class EngineWorker:
         self._original: Tensors | None = None  # full-weight strategies: the model's own selected matrices (KL)
         self.in_place = spec.strategy is not None and get_strategy(spec.strategy.name).in_place
         self.run_seed = spec.seed
-        self.decodings = {False: eval_decoding(spec.task), True: search_decoding(spec.task)}  # by: is it train?
+        self.task_config = spec.task  # its decoding, per split
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -155,7 +155,7 @@ class EngineWorker:
         examples = [self.splits.get(unit.split)[i] for i in unit.prompt_indices]
         prompts = [self.prompt_ids(unit.split, i) for i in unit.prompt_indices]
         mask = evaluated_cells(unit.specs, unit.prompt_indices)
-        decoding = self.decodings[unit.split == "train"]
+        decoding = decoding_of(self.task_config, unit.split)
         requests = requests_of(mask, prompts, refs, decoding, self._seeds(unit))
         # A routed unit may hold no pair at all (members routed to other examples): no engine call.
         completions, measured = self._complete(payload, unit, requests) if requests.cells else ([], None)

@@ -19,14 +19,16 @@ snapshots them, and exports them.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, Sequence, TypeVar
 
+import numpy as np
 import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
-from evora.strategies.protocol import Strategy
+from evora.strategies.protocol import CandidateSpec, GenerationResults, Strategy
+from evora.strategies.shaping import shaping_input
 
 
 @dataclass
@@ -105,3 +107,30 @@ class InPlaceStrategy(FullWeightStrategy, Protocol):
 
     def perturbed(self, master: MasterWeights, payload: Any, spec: Any) -> Tensors:
         """The candidate's weights (fp32, by checkpoint name, as stored): master + its perturbation."""
+
+
+class FitnessHistory(Protocol):
+    fitness: list[list[float]]  # per generation: what the update is computed from
+
+
+H = TypeVar("H", bound=FitnessHistory)
+
+
+def with_fitness(state: H, specs: list[CandidateSpec], results: GenerationResults, shaping: str) -> H:
+    """The state with the generation's fitness (shaping=per_prompt: its per-prompt normalised
+    means) appended: the numbers every worker replays the generation's update from, by position."""
+    if [s.index for s in specs] != list(range(len(specs))):
+        raise ValueError("specs must be the whole population in index order")
+    generation = specs[0].generation
+    if generation != len(state.fitness):  # the updates are replayed by position: no gaps
+        raise ValueError(f"tell of generation {generation} after {len(state.fitness)} generations")
+    shaped = shaping_input(results, shaping)
+    return replace(state, fitness=[*state.fitness, [float(f) for f in shaped]])  # type: ignore[type-var]  # H is a dataclass
+
+
+def member_coefficients(specs: Sequence[CandidateSpec], weights: np.ndarray) -> tuple[float, ...]:
+    """Per member: the sum over its candidates of shaped fitness x sign (mirrored pairs share a member)."""
+    coefficients = [0.0] * (max(spec.member for spec in specs) + 1)
+    for spec, w in zip(specs, weights):
+        coefficients[spec.member] += float(w) * spec.sign
+    return tuple(coefficients)

@@ -193,7 +193,8 @@ def test_an_odd_population_is_fine_without_pairs():
 def test_the_shipped_yaml_composes_with_the_papers_defaults():
     entry = get_strategy("es_full")
     assert entry.kind == FULL_WEIGHT and entry.in_place and entry.center == "delta"
-    run = compose_run(["strategy=es_full"])
+    # A model without a tuning/<model>_es_full.yaml: the strategy's own yaml, the paper's values.
+    run = compose_run(["strategy=es_full", "model=qwen2_5_0_5b"])
     assert run.strategy == EsFullConfig()
     assert (run.strategy.population, run.strategy.sigma, run.strategy.lr) == (30, 0.001, 5e-4)
     assert not run.strategy.antithetic and run.strategy.shaping == "zscore"

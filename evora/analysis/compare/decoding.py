@@ -58,6 +58,19 @@ def decoding_fields(config: Mapping[str, Any], summary: Mapping[str, Any] | None
     }
 
 
+def decoding_arm(row: DecodedRow) -> str | None:
+    """What sets a run's decoding apart from greedy without a KL penalty ("search T=1 n=2 mean,
+    eval T=1 n=4, KL 1"); None for a greedy run without one."""
+    parts = [
+        f"{which} {text}"
+        for which, text in (("search", row.search_decoding), ("eval", row.eval_decoding))
+        if text not in (None, "greedy")
+    ]
+    if row.kl_penalty:
+        parts.append(f"KL {row.kl_penalty:g}")
+    return ", ".join(parts) or None
+
+
 def shows_decoding(rows: Sequence[DecodedRow]) -> bool:
     return any(
         row.search_decoding not in (None, "greedy") or row.eval_decoding not in (None, "greedy") or row.kl_penalty

@@ -110,12 +110,13 @@ def _plane_runs(ax: Any, rows: list[RunRow], styles: dict[str, tuple[str, str]])
 
 
 def _plane_front(ax: Any, rows: list[RunRow]) -> None:
-    """Each task's front as a step line (the best reward reachable within a KL budget), points ringed."""
-    by_task: dict[str, list[Point]] = {}
+    """Each front (task, held-out decoding) as a step line (the best reward reachable within a KL
+    budget), points ringed."""
+    by_task: dict[tuple[str, str], list[Point]] = {}
     for row, flag in zip(rows, front_flags(rows)):
         point = plane_point(row)
         if flag and point is not None:
-            by_task.setdefault(row.task or "-", []).append(point)
+            by_task.setdefault((row.task or "-", row.eval_decoding or "greedy"), []).append(point)
     for i, points in enumerate(by_task.values()):
         xs, ys = zip(*sorted(points))
         label = "front" if i == 0 else "_front"  # one legend entry, however many tasks

@@ -7,6 +7,7 @@ import statistics
 from typing import Any
 
 from evora.analysis.compare.collect import Point, RunRow
+from evora.analysis.compare.decoding import decoding_arm
 
 Group = tuple[str, str, str]  # (strategy, task, model): runs whose rewards can be compared as a spread
 
@@ -26,12 +27,13 @@ def pareto(points: list[Point]) -> list[bool]:
 
 def front_flags(rows: list[RunRow]) -> list[bool | None]:
     """Per row: on its task's reward-KL front or not; None where the run has no best reward or KL."""
-    # Rewards of different tasks are not on one scale: each task has its own front.
-    by_task: dict[str, list[tuple[int, Point]]] = {}
+    # Rewards of different tasks are not on one scale, nor are greedy and sampled held-out
+    # rewards one measurement: each (task, held-out decoding) has its own front.
+    by_task: dict[tuple[str, str], list[tuple[int, Point]]] = {}
     for i, row in enumerate(rows):
         point = plane_point(row)
         if point is not None:
-            by_task.setdefault(row.task or "-", []).append((i, point))
+            by_task.setdefault((row.task or "-", row.eval_decoding or "greedy"), []).append((i, point))
     flags: list[bool | None] = [None] * len(rows)
     for members in by_task.values():
         for (i, _), flag in zip(members, pareto([point for _, point in members])):
@@ -40,10 +42,10 @@ def front_flags(rows: list[RunRow]) -> list[bool | None]:
 
 
 def _arm(row: RunRow) -> str:
-    # A strategy's arms (its compare hook's `arm`, e.g. a condition) are not repeats of one run.
-    if row.arm is not None:
-        return f"{row.strategy or '-'} ({row.arm})"
-    return row.strategy or "-"
+    # A strategy's arms (its compare hook's `arm`, e.g. a condition) are not repeats of one run,
+    # nor are runs that decode differently or penalise the KL differently.
+    arms = [arm for arm in (row.arm, decoding_arm(row)) if arm]
+    return f"{row.strategy or '-'} ({'; '.join(arms)})" if arms else row.strategy or "-"
 
 
 def groups(rows: list[RunRow]) -> dict[Group, list[RunRow]]:

@@ -169,8 +169,9 @@ def _plane_lines(rows: list[RunRow]) -> list[str]:
         "## Reward-KL plane",
         "",
         f"`{REWARD_KL_PLOT.as_posix()}`: each run's best adapter, held-out reward against its mean per-token "
-        "KL(adapter || base) on the held-out completions; the base model sits at KL 0. The front, per task, "
-        "holds every run that no other run beats: none has reward >= and KL <=, one of them strictly "
+        "KL(adapter || base) on the held-out completions; the base model sits at KL 0. The front, per task "
+        "(and held-out decoding: greedy and sampled rewards are different measurements), holds every run "
+        "that no other run beats: none has reward >= and KL <=, one of them strictly "
         "(runs that tie are both on it). It is drawn as a step line, its points ringed.",
         "",
     ]

@@ -20,7 +20,7 @@ weights of any generation from a snapshot and the fitness that followed it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -30,9 +30,9 @@ from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout, ModuleSlot
 from evora.lora.noise import gaussian, noise_key
 from evora.strategies.eggroll.config import EggrollConfig
-from evora.strategies.full_weights import MasterWeights
+from evora.strategies.full_weights import MasterWeights, member_coefficients, with_fitness
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
-from evora.strategies.shaping import shape, shaping_input
+from evora.strategies.shaping import shape
 
 
 @dataclass
@@ -122,14 +122,8 @@ class EggrollStrategy:
         return out
 
     def tell(self, state: EggrollState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
-        if [s.index for s in specs] != list(range(len(specs))):
-            raise ValueError("specs must be the whole population in index order")
-        generation = specs[0].generation
-        if generation != len(state.fitness):  # the updates are replayed by position: no gaps
-            raise ValueError(f"tell of generation {generation} after {len(state.fitness)} generations")
-        shaped = shaping_input(results, self.cfg.shaping)
-        state = replace(state, fitness=[*state.fitness, [float(f) for f in shaped]])
-        coefficients = self.update_of(state, generation).coefficients
+        state = with_fitness(state, specs, results, self.cfg.shaping)
+        coefficients = self.update_of(state, specs[0].generation).coefficients
         # Pairs whose + and - candidates tie move nothing (greedy decoding ties often).
         return Told(state, {"pairs_tied": float(sum(c == 0.0 for c in coefficients) / len(coefficients))})
 
@@ -141,11 +135,8 @@ class EggrollStrategy:
     def update_of(self, state: EggrollState, generation: int) -> WeightUpdate:
         """The update that follows `generation` (0-based), from its fitness."""
         fitness = np.asarray(state.fitness[generation], dtype=np.float64)
-        weights = shape(fitness, self.cfg.shaping)
-        coefficients = [0.0] * (len(fitness) // 2)
-        for spec, w in zip(self.population(generation), weights):
-            coefficients[spec.member] += float(w) * spec.sign
-        return WeightUpdate(generation, generation + 1, tuple(coefficients), len(fitness))
+        coefficients = member_coefficients(self.population(generation), shape(fitness, self.cfg.shaping))
+        return WeightUpdate(generation, generation + 1, coefficients, len(fitness))
 
     def master_bytes(self, layout: AdapterLayout) -> int:
         """Host memory of one worker's master copies (and Adam's two moments): 4 bytes a weight each."""

@@ -27,7 +27,7 @@ nothing is ever transposed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -37,9 +37,9 @@ from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
 from evora.lora.noise import gaussian, noise_key
 from evora.strategies.es_full.config import EsFullConfig
-from evora.strategies.full_weights import MasterWeights, matrix_name
+from evora.strategies.full_weights import MasterWeights, matrix_name, member_coefficients, with_fitness
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
-from evora.strategies.shaping import shape, shaping_input
+from evora.strategies.shaping import shape
 
 
 @dataclass
@@ -139,14 +139,8 @@ class EsFullStrategy:
         return out
 
     def tell(self, state: EsFullState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
-        if [s.index for s in specs] != list(range(len(specs))):
-            raise ValueError("specs must be the whole population in index order")
-        generation = specs[0].generation
-        if generation != len(state.fitness):  # the updates are replayed by position: no gaps
-            raise ValueError(f"tell of generation {generation} after {len(state.fitness)} generations")
-        shaped = shaping_input(results, self.cfg.shaping)
-        state = replace(state, fitness=[*state.fitness, [float(f) for f in shaped]])
-        coefficients = self.update_of(state, generation).coefficients
+        state = with_fitness(state, specs, results, self.cfg.shaping)
+        coefficients = self.update_of(state, specs[0].generation).coefficients
         # Members whose coefficient is 0 move nothing (ties: greedy decoding ties often).
         return Told(state, {"members_tied": float(sum(c == 0.0 for c in coefficients) / len(coefficients))})
 
@@ -161,11 +155,7 @@ class EsFullStrategy:
         specs = self.population(generation)
         if len(fitness) != len(specs):
             raise ValueError(f"generation {generation} has {len(fitness)} fitness values for {len(specs)} candidates")
-        weights = shape(fitness, self.cfg.shaping)
-        coefficients = [0.0] * (specs[-1].member + 1)
-        for spec, w in zip(specs, weights):
-            coefficients[spec.member] += float(w) * spec.sign
-        return EsFullUpdate(generation, tuple(coefficients), len(fitness))
+        return EsFullUpdate(generation, member_coefficients(specs, shape(fitness, self.cfg.shaping)), len(fitness))
 
     def master_bytes(self, layout: AdapterLayout) -> int:
         """Host memory of one worker's master copies and, beside them, the fp32 candidate
