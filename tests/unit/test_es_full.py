@@ -206,3 +206,23 @@ def test_the_shipped_yaml_composes_with_the_papers_defaults():
     assert str(error.value) == (
         "hardware.tensor_parallel_size=2: strategy=es_full shards weights only through vLLM (engine=vllm)"
     )
+
+
+def test_the_update_of_the_tiny_models_matrix_equals_a_float64_computation(tiny_path):
+    """On a real model's weights (the bundled tiny model's layer-1 down_proj, 128 x 384)."""
+    from evora.lora.base_weights import read_weights
+    from evora.strategies.es_full.strategy import EsFullState
+
+    name = "model.layers.1.mlp.down_proj.weight"
+    weights = read_weights(tiny_path, [name])
+    es = EsFullStrategy(EsFullConfig(population=6, sigma=0.02, lr=0.02), run_seed=SEED)
+    state = EsFullState([name.removesuffix(".weight")], [list(weights[name].shape)])
+    fitness = [0.25, 0.5, 0.0, 0.75, 0.5, 1.0]
+    state = told(es, state, 0, fitness)
+    master = es.start_master(weights)
+    es.apply(master, es.update_of(state, 0))
+    shape = tuple(weights[name].shape)
+    step = sum(z * eps64(0, m, name, shape) for m, z in enumerate(zscore64(fitness)))
+    expected = weights[name].double() + (0.02 / 6) * step
+    assert torch.allclose(master.tensors[name].double(), expected, rtol=0, atol=1e-7)
+    assert not torch.equal(master.tensors[name], weights[name].float())

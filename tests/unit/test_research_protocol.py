@@ -268,3 +268,51 @@ def test_a_countdown_task_has_no_canonical_answer_and_addition_has_one():
 
     assert not isinstance(build_task(TaskConfig(name="countdown"), 0), AnswerTask)
     assert isinstance(build_task(TaskConfig(name="addition"), 0), AnswerTask)
+
+
+# --- per-prompt shaping inside the strategies ----------------------------------------------------
+
+WIDE_PROMPT = np.array([[0.2, 0.2, 0.2, 0.0], [0.1, 0.1, 0.1, 1.0], [0.1, 0.1, 0.1, 0.0], [0.15, 0.1, 0.2, 0.0]])
+
+
+def cells_results(cells: np.ndarray, fitness: np.ndarray | None = None) -> GenerationResults:
+    """A generation whose cells are `cells`; its row fitness the cells' means unless given."""
+    row = cells.mean(axis=1) if fitness is None else fitness
+    return GenerationResults(0, (0, 1, 2, 3), cells, cells > 0.15, np.ones_like(cells), None, row, cell_fitness=cells)
+
+
+def test_es_ga_and_eggroll_under_per_prompt_act_on_the_per_prompt_means():
+    """Each strategy told the cells under shaping=per_prompt does what it does, under its plain
+    shaping, when told the per-prompt means as the fitness (the independent reference)."""
+    import torch
+
+    from evora.strategies.eggroll import EggrollConfig, EggrollStrategy
+    from evora.strategies.eggroll.strategy import EggrollState
+    from evora.strategies.es import ESConfig, EvolutionStrategy
+    from evora.strategies.ga import GAConfig, GeneticAlgorithm
+
+    means = direct_per_prompt(WIDE_PROMPT)
+    adapter = {"a": torch.linspace(-1, 1, 6).reshape(2, 3), "b": torch.zeros(3, 2)}
+    for make, plain in (
+        (lambda s: EvolutionStrategy(ESConfig(population=4, shaping=s), 0), "zscore"),
+        (lambda s: GeneticAlgorithm(GAConfig(population=4, keep_top=1, parents=2, shaping=s), 0), "none"),
+    ):
+        per, ref = make("per_prompt"), make(plain)
+        state = per.start(adapter)
+        specs, _ = per.ask(state, 0)
+        ours, theirs = (
+            per.tell(state, specs, cells_results(WIDE_PROMPT)),
+            ref.tell(state, specs, cells_results(WIDE_PROMPT, means)),
+        )
+        assert ours.stats == theirs.stats
+        assert all(
+            torch.equal(a, b) for a, b in zip(per.center(ours.state).values(), ref.center(theirs.state).values())
+        )
+    eggroll = EggrollStrategy(EggrollConfig(population=4, shaping="per_prompt"), 0)
+    state = EggrollState(["m"], [[2, 3]], 1.0)
+    told = eggroll.tell(state, eggroll.population(0), cells_results(WIDE_PROMPT))
+    np.testing.assert_allclose(told.state.fitness[0], means)
+    np.testing.assert_allclose(
+        eggroll.update_of(told.state, 0).coefficients,
+        [zscore(means)[0] - zscore(means)[1], zscore(means)[2] - zscore(means)[3]],
+    )
