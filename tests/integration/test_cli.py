@@ -40,7 +40,7 @@ def assert_bitwise_equal(a: dict, b: dict) -> None:
 @pytest.mark.parametrize(
     "override,key",
     [
-        ("strategy=bogus", "strategy=bogus: unknown option; allowed: ecology, eggroll, es, ga"),
+        ("strategy=bogus", "strategy=bogus: unknown option; allowed: ecology, eggroll, es, es_full, ga"),
         ("strategy.population=1", "strategy.population=1"),
         ("strategy.population=5", "strategy.population=5: must be even"),
         ("lora.rank=3", "lora.rank=3: allowed: 1, 8"),
