@@ -146,8 +146,11 @@ def _check_decoding(run: RunConfig) -> None:
     from evora.tasks.fitness import task_fitness
 
     task = run.task
-    for prefix in ("", "eval_"):
-        temperature, top_p, samples = (getattr(task, prefix + key) for key in ("temperature", "top_p", "samples"))
+    decodings = (
+        ("", task.temperature, task.top_p, task.samples),
+        ("eval_", task.eval_temperature, task.eval_top_p, task.eval_samples),
+    )
+    for prefix, temperature, top_p, samples in decodings:
         require(temperature >= 0, f"task.{prefix}temperature", temperature, "must be >= 0 (0: greedy)")
         require(0 < top_p <= 1, f"task.{prefix}top_p", top_p, "must be in (0, 1]")
         require(samples >= 1, f"task.{prefix}samples", samples, "must be an integer >= 1")
