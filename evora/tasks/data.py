@@ -65,6 +65,8 @@ def read_records(path: str) -> list[Located]:
     for record, where in located:
         if not isinstance(record, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if not located:  # said here, naming the file, rather than later as splits with no examples
+        raise DataError(f"{path}: {'the file is empty' if file.stat().st_size == 0 else 'the file has no records'}")
     return located
 
 

@@ -140,3 +140,14 @@ def test_vllm_lora_ranks_match_the_installed_vllm():
     from evora.config.schema import VLLM_LORA_RANKS
 
     assert tuple(get_args(vllm_lora.MaxLoRARanks)) == VLLM_LORA_RANKS
+
+
+def test_an_empty_data_file_is_named_before_ray(tmp_path):
+    """Not 'the data gives no held-out examples (0 train, 0 selection, 0 held-out)': the file."""
+    from evora.errors import DataError
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError) as error:
+        preflight(["task=jsonl", f"task.data_path={empty}"])
+    assert str(error.value) == f"{empty}: the file is empty"

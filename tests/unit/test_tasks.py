@@ -206,6 +206,22 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, content, where):
         task("jsonl", data_path=str(path), train_size=1, eval_size=1, prompts_per_generation=1).splits()
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("empty.jsonl", "", "the file is empty"),
+        ("blank.jsonl", "\n  \n", "the file has no records"),
+        ("none.json", "[\n]\n", "the file has no records"),
+    ],
+)
+def test_a_data_file_without_records_is_named(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(DataError) as error:
+        task("jsonl", data_path=str(path), train_size=1, eval_size=1, prompts_per_generation=1).splits()
+    assert str(error.value) == f"{path}: {message}"
+
+
 def test_malformed_json_array_names_the_line_of_the_record(tmp_path):
     path = tmp_path / "cd.json"
     path.write_text('[\n  {"numbers": [1, 2], "target": 3},\n\n  {"numbers": [1, 2]}\n]\n')
