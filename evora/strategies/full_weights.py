@@ -27,6 +27,7 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
+from evora.strategies.checks import require
 from evora.strategies.protocol import CandidateSpec, GenerationResults, Strategy
 from evora.strategies.shaping import shaping_input
 
@@ -134,3 +135,17 @@ def member_coefficients(specs: Sequence[CandidateSpec], weights: np.ndarray) -> 
     for spec, w in zip(specs, weights):
         coefficients[spec.member] += float(w) * spec.sign
     return tuple(coefficients)
+
+
+def check_full_weight(name: str, snapshot_every: int, delta_rank: int, run: Any = None) -> None:
+    """The rules every full-weight strategy shares: snapshots, the delta adapter's rank, and
+    weights sharded only through vLLM."""
+    require(snapshot_every >= 1, "strategy.snapshot_every", snapshot_every, "must be an integer >= 1")
+    require(delta_rank >= 1, "strategy.delta_rank", delta_rank, "must be an integer >= 1")
+    if run is not None:
+        require(
+            run.hardware.tensor_parallel_size == 1 or run.engine.name == "vllm",
+            "hardware.tensor_parallel_size",
+            run.hardware.tensor_parallel_size,
+            f"strategy={name} shards weights only through vLLM (engine=vllm)",
+        )

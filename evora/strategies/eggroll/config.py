@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evora.strategies.checks import choice, require
+from evora.strategies.full_weights import check_full_weight
 from evora.strategies.shaping import SHAPINGS
 
 
@@ -43,12 +44,4 @@ def check_eggroll(cfg: EggrollConfig, run: Any = None) -> None:
     require(0 <= cfg.beta1 < 1, "strategy.beta1", cfg.beta1, "must be in [0, 1)")
     require(0 <= cfg.beta2 < 1, "strategy.beta2", cfg.beta2, "must be in [0, 1)")
     require(cfg.eps > 0, "strategy.eps", cfg.eps, "must be > 0")
-    require(cfg.snapshot_every >= 1, "strategy.snapshot_every", cfg.snapshot_every, "must be an integer >= 1")
-    require(cfg.delta_rank >= 1, "strategy.delta_rank", cfg.delta_rank, "must be an integer >= 1")
-    if run is not None:
-        require(
-            run.hardware.tensor_parallel_size == 1 or run.engine.name == "vllm",
-            "hardware.tensor_parallel_size",
-            run.hardware.tensor_parallel_size,
-            "strategy=eggroll shards weights only through vLLM (engine=vllm)",
-        )
+    check_full_weight("eggroll", cfg.snapshot_every, cfg.delta_rank, run)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evora.strategies.checks import choice, require
+from evora.strategies.full_weights import check_full_weight
 from evora.strategies.shaping import SHAPINGS
 
 
@@ -35,12 +36,4 @@ def check_es_full(cfg: EsFullConfig, run: Any = None) -> None:
     require(cfg.lr > 0, "strategy.lr", cfg.lr, "must be > 0")
     require(cfg.weight_decay >= 0, "strategy.weight_decay", cfg.weight_decay, "must be >= 0")
     choice("strategy.shaping", cfg.shaping, SHAPINGS)
-    require(cfg.snapshot_every >= 1, "strategy.snapshot_every", cfg.snapshot_every, "must be an integer >= 1")
-    require(cfg.delta_rank >= 1, "strategy.delta_rank", cfg.delta_rank, "must be an integer >= 1")
-    if run is not None:
-        require(
-            run.hardware.tensor_parallel_size == 1 or run.engine.name == "vllm",
-            "hardware.tensor_parallel_size",
-            run.hardware.tensor_parallel_size,
-            "strategy=es_full shards weights only through vLLM (engine=vllm)",
-        )
+    check_full_weight("es_full", cfg.snapshot_every, cfg.delta_rank, run)
