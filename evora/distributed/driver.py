@@ -11,6 +11,7 @@ generator: the CLI streams its events.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from contextlib import ExitStack
@@ -132,6 +133,10 @@ class Driver:
             self.loop.ledger.add_seconds("setup", time.perf_counter() - start)  # every session's start-up, resumes too
             if self.loop.base is None:
                 self._initial_evaluation()
+            # Set-up's objects live as long as the run: out of the collector's sight, a full
+            # collection (the live plot runs one a draw) costs only what the loop allocates.
+            gc.collect()
+            gc.freeze()
             yield self._start_event(time.perf_counter() - start)
             self.done = self.loop.next_generation
             while not self._ended():
