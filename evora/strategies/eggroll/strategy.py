@@ -152,18 +152,21 @@ class EggrollStrategy:
             master.adam_v = {k: torch.zeros_like(v) for k, v in master.tensors.items()}
         return master
 
-    def gradient(self, update: WeightUpdate, module: str, out_features: int, in_features: int) -> torch.Tensor:
-        """1/(N sigma) sum_m c_m E_m as one [out, M r] x [M r, in] product, members in order."""
+    def gradient(
+        self, update: WeightUpdate, module: str, out_features: int, in_features: int, device: str | torch.device = "cpu"
+    ) -> torch.Tensor:
+        """1/(N sigma) sum_m c_m E_m as one [out, M r] x [M r, in] product, members in order. The
+        factors are drawn on the CPU (their stream is the promise); the product runs on `device`."""
         live = [(m, c) for m, c in enumerate(update.coefficients) if c != 0.0]
         if not live:
-            return torch.zeros(out_features, in_features)
+            return torch.zeros(out_features, in_features, device=device)
         bs, as_ = [], []
         for member, coefficient in live:
             b, a = self.factors(update.generation, member, module, out_features, in_features)
             bs.append(b * coefficient)
             as_.append(a)
         scale = 1.0 / (update.population * self.cfg.sigma * math.sqrt(self.cfg.rank))
-        return (torch.cat(bs, dim=1) @ torch.cat(as_, dim=0)) * scale
+        return (torch.cat(bs, dim=1).to(device) @ torch.cat(as_, dim=0).to(device)) * scale
 
     def apply(self, master: MasterWeights, update: WeightUpdate) -> float:
         """Apply one update to the master copies in place; returns the update's norm."""
@@ -173,9 +176,9 @@ class EggrollStrategy:
         for name, weight in master.tensors.items():
             module, (rows, cols) = name.rsplit(".", 1)[0], weight.shape
             if name in master.transposed:  # stored [in, out]: the [out, in] update, transposed
-                grad = self.gradient(update, module, cols, rows).T
+                grad = self.gradient(update, module, cols, rows, weight.device).T
             else:
-                grad = self.gradient(update, module, rows, cols)
+                grad = self.gradient(update, module, rows, cols, weight.device)
             direction = grad if cfg.optimizer == "sgd" else self._adam(master, name, grad, update.step)
             delta = cfg.lr * direction
             if cfg.weight_decay:
