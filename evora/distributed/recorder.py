@@ -36,16 +36,14 @@ class Recorder:
             sink.log(record)
 
     def family(self, members: list[dict[str, Any]]) -> None:
-        for member in members:
-            self.lineage.log(member)
+        self.lineage.log_many(members)
 
     def strategy_records(self, records: dict[str, list[dict[str, Any]]]) -> None:
         """A strategy's own JSONL files (the ecology's episodes and organelles)."""
         for name, lines in records.items():
             if name not in self.files:
                 self.files[name] = JsonlSink(self.run_dir, self.completed, name, lazy=True)
-            for line in lines:
-                self.files[name].log(line)
+            self.files[name].log_many(lines)
 
     def account(
         self, record: dict[str, Any], search: Spend, evaluation: Spend, search_s: float, evaluation_s: float

@@ -148,7 +148,6 @@ SEARCHES: dict[str, type[PopulationSearch] | type[GradientSearch]] = {
     GRADIENT: GradientSearch,
 }
 
-
 # --- pieces ---------------------------------------------------------------------------------
 
 
@@ -167,8 +166,7 @@ def generation_results(
     cells = {"reward": m.rewards, "accuracy": m.correct, "tokens": m.tokens}
     cells.update({name: values for name, values in (("perplexity", m.perplexity), ("kl", m.kl)) if values is not None})
     means = {name: row_means(values, m.evaluated) for name, values in cells.items()}
-    row_fitness = [fitness({k: v[i] for k, v in means.items()}) for i in range(population)]
-    finite, invalid = finite_fitness(np.array(row_fitness, dtype=np.float64))
+    finite, invalid = finite_fitness(fitness.over(means, (population,)))
     texts = candidate_texts(results, population) if keeps_texts else None
     matrices = (m.rewards, m.correct, m.tokens, m.perplexity)
     per_cell = cell_fitness(fitness, cells, m.evaluated)
@@ -178,12 +176,8 @@ def generation_results(
 def cell_fitness(fitness: FitnessExpression, cells: dict[str, np.ndarray], evaluated: np.ndarray | None) -> np.ndarray:
     """task.fitness of every [candidate, prompt] cell (NaN where not evaluated): what
     shaping=per_prompt normalises per prompt."""
-    shape = cells["reward"].shape
-    out = np.full(shape, np.nan)
-    for i, j in np.ndindex(shape):
-        if evaluated is None or evaluated[i, j]:
-            out[i, j] = fitness({name: float(values[i, j]) for name, values in cells.items()})
-    return out
+    values = fitness.over(cells, cells["reward"].shape)
+    return values if evaluated is None else np.where(evaluated, values, np.nan)
 
 
 def spread(prefix: str, values: np.ndarray) -> dict[str, float]:

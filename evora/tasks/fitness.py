@@ -8,7 +8,8 @@
 Names: reward, accuracy (mean correct), perplexity (of the reference completion, capped
 at 1000), tokens (mean completion length), kl (mean per-token KL of the candidate's own
 completions from the base model, the engine's estimator). Parsed once with a whitelisted
-AST; numbers and + - * / only.
+AST; numbers and + - * / only. One evaluator serves a candidate's metrics and whole
+[candidate, prompt] matrices alike (numpy float64: the IEEE operations Python's floats do).
 """
 
 from __future__ import annotations
@@ -16,17 +17,26 @@ from __future__ import annotations
 import ast
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from evora.errors import ConfigError
 
 VARIABLES = ("reward", "accuracy", "perplexity", "tokens", "kl")
 PERPLEXITY_CAP = 1000.0
-_OPS = {
-    ast.Add: lambda a, b: a + b,
-    ast.Sub: lambda a, b: a - b,
-    ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: a / b if b else 0.0,
+
+
+def _divide(a: Any, b: Any) -> np.ndarray:
+    """a / b, and 0.0 where b is 0 (a candidate with no tokens has no rate)."""
+    return np.divide(a, b, out=np.zeros(np.broadcast(a, b).shape), where=b != 0)
+
+
+_OPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: np.add,
+    ast.Sub: np.subtract,
+    ast.Mult: np.multiply,
+    ast.Div: _divide,
 }
 
 
@@ -56,20 +66,27 @@ class FitnessExpression:
         return "kl" in self.names
 
     def __call__(self, metrics: Mapping[str, float]) -> float:
-        def visit(node: ast.AST) -> float:
+        return float(self.over(metrics))
+
+    def over(self, values: Mapping[str, Any], shape: tuple[int, ...] = ()) -> np.ndarray:
+        """The expression over arrays (or numbers) of each name, element by element, broadcast
+        to `shape`: one pass for a generation's [candidate, prompt] cells, not a call a cell."""
+
+        def visit(node: ast.AST) -> Any:
             if isinstance(node, ast.Expression):
                 return visit(node.body)
             if isinstance(node, ast.Constant):
                 assert isinstance(node.value, (int, float)), "parse_fitness lets only numbers through"
-                return float(node.value)
+                return np.float64(node.value)
             if isinstance(node, ast.Name):
-                return float(metrics[node.id])
+                return np.asarray(values[node.id], dtype=np.float64)
             if isinstance(node, ast.UnaryOp):
                 return -visit(node.operand) if isinstance(node.op, ast.USub) else visit(node.operand)
             assert isinstance(node, ast.BinOp), "parse_fitness lets no other node through"
             return _OPS[type(node.op)](visit(node.left), visit(node.right))
 
-        return visit(self.tree)
+        with np.errstate(all="ignore"):  # overflow gives inf, NaN stays NaN: as Python's floats do
+            return np.broadcast_to(visit(self.tree), shape).astype(np.float64)
 
 
 def parse_fitness(text: str) -> FitnessExpression:

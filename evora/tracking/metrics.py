@@ -53,9 +53,16 @@ class JsonlSink:
         self.path.write_text("".join(line + "\n" for line in keep))
 
     def log(self, record: dict[str, Any]) -> None:
+        self.log_many([record])
+
+    def log_many(self, records: list[dict[str, Any]]) -> None:
+        """Records in order, fsynced once: a generation's lineage or episodes are one write, not
+        one fsync a line (milliseconds each, thousands a generation at large populations)."""
+        if not records:
+            return
         if self.handle is None:
             self.handle = open(self.path, "a")
-        self.handle.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self.handle.write("".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records))
         self.handle.flush()
         os.fsync(self.handle.fileno())
 

@@ -36,11 +36,12 @@ def routed_specs(
     `probes` antithetic probe pairs on the same prompts."""
     rng = np.random.default_rng(noise_key(run_seed, "ecology-route", generation))
     picks = route(organelles, [state.train_families[i] for i in episodes], cfg.router, cfg.exploration, rng)
+    served: dict[int, list[int]] = {}  # organelle position -> its episodes
+    for episode, position in zip(episodes, picks):
+        served.setdefault(position, []).append(episode)
     specs: list[EcoSpec] = []
-    for position in range(len(organelles)):
-        prompts = tuple(sorted(e for e, p in zip(episodes, picks) if p == position))
-        if not prompts:
-            continue
+    for position in sorted(served):
+        prompts = tuple(sorted(served[position]))
         specs.append(EcoSpec(generation, len(specs), SERVE, position, prompts))
         for member in range(probes):
             for sign in (1, -1):
