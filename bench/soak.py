@@ -93,7 +93,8 @@ def report(samples: list[dict[str, Any]], warmup: int) -> dict[str, dict[str, An
         after = series[min(warmup, len(series) - 1) :]
         start, end, top = after[0], after[-1], max(after)
         growth = (end - start) / start if start else (0.0 if end == 0 else float("inf"))
-        flat = None if key in GROWS else abs(growth) <= GOAL  # the max may catch a generation mid-way (its scratch)
+        # Only growth counts (a smaller end is no leak); the max may catch a generation mid-way (its scratch).
+        flat = None if key in GROWS else growth <= GOAL
         table[key] = {
             "start": start,
             "end": end,

@@ -69,7 +69,10 @@ class EngineWeights:
                 f"generation {generation}: the update made the base weights non-finite; look at {self.knobs}"
             )
         self.generation, self.checksum = generation, checksums[0]
-        return {"update_norm": reports[0]["update_norm"], "seconds_weights": max(r["seconds"] for r in reports)}
+        # A replacement that joined during this sync was brought to these weights by `_join`
+        # and applied nothing now (norm 0): the norm is that of the workers that applied it.
+        norm = max(r["update_norm"] for r in reports)
+        return {"update_norm": norm, "seconds_weights": max(r["seconds"] for r in reports)}
 
     def _join(self, actor: Any) -> None:
         ray.get(actor.sync_weights.remote(*self._recipe, self.checksum))

@@ -53,8 +53,8 @@ def launch(plan: RunPlan, run_dir: str, on_event: OnEvent) -> Event:
         while True:
             try:
                 return _stream(driver, on_event)
-            except DRIVER_LOST:
-                if restarts == run.hardware.driver_restarts:
+            except DRIVER_LOST as error:
+                if not _driver_itself(error) or restarts == run.hardware.driver_restarts:
                     raise
                 # One loss is one restart: wait until Ray has restarted the actor, or calls made
                 # while it restarts fail at once and would use up every restart for one loss.
@@ -96,6 +96,14 @@ def _stop_now(driver: Any, tag: str) -> None:
 
 
 DRIVER_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+def _driver_itself(error: Exception) -> bool:
+    """The driver actor was lost, not a worker inside its task (that error is a RayTaskError
+    that is also a RayActorError by type): only the first is restarted."""
+    return not isinstance(error, ray.exceptions.RayTaskError)
+
+
 RESTART_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 30.0
 

@@ -18,7 +18,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostErro
 
 from evora.config.schema import HardwareConfig
 from evora.distributed.placement import Placement, place_workers, worker_count
-from evora.distributed.worker import EngineWorker, UnitResult, WorkUnit
+from evora.distributed.worker import EngineWorker, SharedPayload, UnitResult, WorkUnit
 from evora.distributed.worker_spec import WorkerSpec
 from evora.engines.environment import engine_environment
 
@@ -76,7 +76,8 @@ class WorkerPool:
         return events
 
     def run(self, payload: Any, units: list[WorkUnit], max_attempts: int = 3) -> list[UnitResult]:
-        """Results in unit order. `payload` should be an ObjectRef: put once, read by all."""
+        """Results in unit order. `payload` is an ObjectRef: put once, read once by each worker."""
+        shared = SharedPayload(payload)
         pending = deque((i, 0) for i in range(len(units)))
         idle = deque(self._check_in())
         in_flight: dict[Any, tuple[int, int, int]] = {}  # ref -> (unit, attempt, worker)
@@ -85,7 +86,7 @@ class WorkerPool:
             while pending and idle:
                 unit, attempt = pending.popleft()
                 worker = idle.popleft()
-                in_flight[self.actors[worker].evaluate.remote(payload, units[unit])] = (unit, attempt, worker)
+                in_flight[self.actors[worker].evaluate.remote(shared, units[unit])] = (unit, attempt, worker)
             if not in_flight and not self.starting:
                 raise RuntimeError("every engine worker has died (hardware.worker_replacements used up)")
             [done], _ = ray.wait([*in_flight, *self.starting], num_returns=1)
@@ -101,6 +102,9 @@ class WorkerPool:
                 if attempt + 1 >= max_attempts:
                     raise
                 pending.append((unit, attempt + 1))
+                # Workers lost with it (a node, a preemption) may be idle: found now, so that the
+                # unit does not use up its attempts on workers that were dead before it got there.
+                idle = deque(self._responding(list(idle)))
         return [results[unit] for unit in range(len(units))]
 
     def broadcast(self, method: str, *args: Any) -> list[Any]:
@@ -114,6 +118,13 @@ class WorkerPool:
                 results.append(ray.get(ref))
             except WORKER_FAILURES:
                 self._lost(worker)
+        while not results and self.starting:  # every worker was lost: the first replacement to start answers
+            [ready], _ = ray.wait(list(self.starting), num_returns=1)
+            for worker in self._joined(ready, up_to_date=False):  # `method` brings it up to date
+                try:
+                    results.append(ray.get(getattr(self.actors[worker], method).remote(*args)))
+                except WORKER_FAILURES:
+                    self._lost(worker)
         if not results:
             raise RuntimeError("every engine worker has died (hardware.worker_replacements used up)")
         return results
@@ -128,14 +139,17 @@ class WorkerPool:
             ready, _ = ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
             for ref in ready:
                 self._joined(ref)
-        workers = sorted(self.alive)
+        return self._responding(sorted(self.alive))
+
+    def _responding(self, workers: list[int]) -> list[int]:
+        """Those of `workers` that answer (one cheap call each); the others are lost."""
         probes = [self.actors[w].__ray_ready__.remote() for w in workers]
         for worker, probe in zip(workers, probes):
             try:
                 ray.get(probe)
             except WORKER_FAILURES:
                 self._lost(worker)
-        return sorted(self.alive)
+        return [w for w in workers if w in self.alive]
 
     def _lost(self, worker: int) -> None:
         """Drop a dead worker, and start a replacement with the same resources."""
@@ -155,12 +169,13 @@ class WorkerPool:
         self.infos.append({})
         self.starting[actor.info.remote()] = index
 
-    def _joined(self, ready: Any) -> list[int]:
-        """A replacement that started joins the pool; one that died on the way is lost too."""
+    def _joined(self, ready: Any, up_to_date: bool = True) -> list[int]:
+        """A replacement that started joins the pool (`up_to_date`: `on_join` brings it up to
+        date); one that died on the way is lost too."""
         index = self.starting.pop(ready)
         try:
             self.infos[index] = ray.get(ready)
-            if self.on_join is not None:
+            if up_to_date and self.on_join is not None:
                 self.on_join(self.actors[index])
         except WORKER_FAILURES:
             self._lost(index)

@@ -13,15 +13,12 @@ weights for its requests (`distributed/in_place.py`).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-import psutil
 import torch
 
 from evora.distributed.cells import (
@@ -36,6 +33,7 @@ from evora.distributed.cells import (
     text_rows,
 )
 from evora.distributed.in_place import complete_in_place
+from evora.distributed.worker_memory import MemoryGauge
 from evora.distributed.worker_spec import ADAPTER_DTYPES, WorkerSpec, load_tokenizer, resolve_task
 from evora.engines import AdapterRef, Completion, create_engine
 from evora.engines.adapter_store import AdapterScratch
@@ -103,28 +101,13 @@ class Scored:
     timeouts: int
 
 
-def process_tree_rss_mb() -> float:
-    me = psutil.Process()
-    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**20
+@dataclass(frozen=True)
+class SharedPayload:
+    """A generation's payload by reference. Ray resolves an ObjectRef argument on every call,
+    deserialising it again for each unit (the ecology's holds every organelle's adapter: 0.9 s
+    a call at 819 organelles, bench/scale.py); wrapped, the worker reads it once."""
 
-
-# A worker reads its process tree's memory at most this often: finding its children reads every
-# process on the node (/proc), milliseconds a read, which per work unit cost more than the unit.
-RSS_EVERY_S = 1.0
-
-
-def heap_trimmer() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, where the C library has one (not macOS's, not musl's)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None
-
-
-# vLLM's CPU engine frees much of what a generate call allocates into glibc's arenas, which keep
-# it: without a trim a worker's RSS grew ~3 MiB a generation for 80 generations (bench/soak.py),
-# all of it handed back by malloc_trim. Trimmed before each read of the memory it reports.
-TRIM_HEAP = heap_trimmer()
+    ref: Any  # ray.ObjectRef
 
 
 class EngineWorker:
@@ -151,7 +134,8 @@ class EngineWorker:
         self.in_place = spec.strategy is not None and get_strategy(spec.strategy.name).in_place
         self.run_seed = spec.seed
         self.task_config = spec.task  # its decoding, per split
-        self._rss = (float("-inf"), 0.0)  # (when, MiB): the last read of the process tree's memory
+        self.memory = MemoryGauge()
+        self._payload: tuple[Any, Any] = (None, None)  # (ref, payload): the last shared payload read
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -171,7 +155,10 @@ class EngineWorker:
         return self._prompt_ids[key]
 
     def evaluate(self, payload: Any, unit: WorkUnit) -> UnitResult:
+        """`payload`: the strategy's, or a SharedPayload holding a reference to it."""
         start = time.perf_counter()
+        if isinstance(payload, SharedPayload):
+            payload = self._shared(payload)
         refs = self._adapters(payload, unit)
         materialised = time.perf_counter()
         examples = [self.splits.get(unit.split)[i] for i in unit.prompt_indices]
@@ -203,7 +190,7 @@ class EngineWorker:
                 "kl": time.perf_counter() - perplexity_done,
             },
             worker=self.index,
-            rss_mb=self._rss_mb(),
+            rss_mb=self.memory.rss_mb(),
             tokens_prompt=sum(len(p) for p in requests.prompts),
             tokens_generated=sum(c.num_tokens for c in completions),
             tokens_scored=tokens_scored + tokens_kl,
@@ -216,13 +203,12 @@ class EngineWorker:
             correct_counts=None if values.correct_counts is None else scatter(mask, values.correct_counts, 0, np.int64),
         )
 
-    def _rss_mb(self) -> float:
-        now = time.monotonic()
-        if now - self._rss[0] >= RSS_EVERY_S:
-            if TRIM_HEAP is not None:
-                TRIM_HEAP(0)
-            self._rss = (now, process_tree_rss_mb())
-        return self._rss[1]
+    def _shared(self, shared: SharedPayload) -> Any:
+        import ray
+
+        if self._payload[0] != shared.ref:  # the previous generation's is dropped: its object can go
+            self._payload = (shared.ref, ray.get(shared.ref))
+        return self._payload[1]
 
     def _adapters(self, payload: Any, unit: WorkUnit) -> list[AdapterRef | None]:
         """Each spec's adapter, loaded or held; None for the base model, the engine's own weights

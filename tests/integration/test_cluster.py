@@ -1,42 +1,38 @@
 """Cluster operations on this machine: placement on a three-node `ray.cluster_utils.Cluster`
-with declared GPUs, fault injection (a worker killed, a node removed, the driver killed)
-against a fault-free run, Hydra multirun in one Ray session with W&B groups and a sweep
+with declared GPUs, fault injection (a worker killed and a node removed; an es_full worker
+killed) against a fault-free run (seeded kills of workers and drivers for every strategy:
+test_chaos.py), Hydra multirun in one Ray session with W&B groups and a sweep
 summary, and a local Ray that listens on loopback only."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import ray
 import torch
-from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ray.util.state import list_actors
+from ray_cluster import GPUS_PER_NODE, assert_same_result, finish, live_workers, logged, start_on, three_nodes, wait_for
 from safetensors.torch import load_file
 
-from conftest import ROOT, SMALL, cli_run, evora_cmd, only_run_dir, run_evora
-from evora.distributed.launch import NAMESPACE, driver_name
+from conftest import ROOT, SMALL, cli_run, only_run_dir, run_evora
+from evora.distributed.launch import driver_name
 from evora.distributed.placement import place_workers, worker_count
 from evora.errors import ConfigError
 from evora.plan.compose import compose_run
 from evora.tracking.metrics import read_metrics
-from evora.tracking.run_dir import run_tag
 
 # One xdist worker: the cluster fixture is started once, and the fault runs' reference run is
 # the cached run of test_cli.py's test_hf_engine_runs_the_same_loop (same arguments).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hf-run")]
 
-HERE = Path(__file__).resolve().parent
-GPUS_PER_NODE = 2
 FAKE_SECRETS = {
     "WANDB_API_KEY": "local-fake0123456789abcdef0123456789abcdef0123",
     "HF_TOKEN": "hf_fakeTokenValue0123456789",
@@ -46,24 +42,7 @@ FAKE_SECRETS = {
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head and two more nodes, each declaring 2 CPUs and 2 GPUs; this process joins it."""
-    if ray.is_initialized():
-        ray.shutdown()
-    # Ray's workers import this module (Probe) and conftest by name; the nodes pass this on to them.
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), saved]))
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": GPUS_PER_NODE})
-    for _ in range(2):
-        nodes.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE)
-    nodes.wait_for_nodes()
-    ray.init(address=nodes.address, namespace=NAMESPACE)
-    yield nodes
-    ray.shutdown()
-    nodes.shutdown()
-    if saved is None:
-        os.environ.pop("PYTHONPATH")
-    else:
-        os.environ["PYTHONPATH"] = saved
+    yield from three_nodes()
 
 
 # --- placement ----------------------------------------------------------------------------
@@ -164,80 +143,9 @@ def test_engine_workers_get_their_engines_environment_through_ray(cluster, tiny_
 FAULT_RUN = (*SMALL, "generations=2", "engine=hf")  # the reference: hardware.num_workers=1, no faults
 
 
-def start_on(cluster: Cluster, run: tuple[str, ...] = FAULT_RUN) -> tuple[Path, subprocess.Popen]:
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    args = [
-        *run,
-        "hardware=multinode_cpu",
-        f"hardware.address={cluster.address}",
-        f"tracking.out_dir={out}",
-        "tracking.progress=false",
-    ]
-    return out, subprocess.Popen(evora_cmd(*args), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 300):
-    """Poll the run folder until `ready()` returns something (the run must still be going)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"the run ended before {what}: {process.stderr.read()[-3000:]}"
-        found = ready()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def run_folder(out: Path):
-    runs = [p for p in out.iterdir() if p.is_dir()]
-    return runs[0] if runs else None
-
-
-def logged(out: Path, generation: int):
-    run_dir = run_folder(out)
-    if run_dir is not None and any(r["generation"] >= generation for r in read_metrics(run_dir)):
-        return run_dir
-    return None
-
-
-def live_workers(cluster: Cluster, run_dir: Path) -> list:
-    # The cluster's address, not auto-detection: other Ray instances may be running on this
-    # machine (other runs, other test workers).
-    prefix = f"evora-worker-{run_tag(run_dir)}-"
-    alive = list_actors(address=cluster.address, filters=[("state", "=", "ALIVE")])
-    return [a for a in alive if (a.name or "").startswith(prefix)]
-
-
-def finish(process: subprocess.Popen) -> str:
-    stdout, stderr = process.communicate(timeout=600)
-    assert process.returncode == 0, stdout[-2000:] + stderr[-4000:]
-    return stdout
-
-
-def assert_same_result(run_dir: Path, reference: Path) -> None:
-    ours, theirs = (load_file(str(d / "adapters" / "mean" / "adapter_model.safetensors")) for d in (run_dir, reference))
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    rewards = [[r.get("reward_mean") for r in read_metrics(d)] for d in (run_dir, reference)]
-    assert rewards[0] == rewards[1]
-
-
-def test_killed_driver_restarts_from_its_checkpoint_with_the_same_result(cluster):
-    reference, _ = cli_run(*FAULT_RUN, "hardware.num_workers=1")
-    out, process = start_on(cluster)
-    run_dir = wait_for(
-        process,
-        lambda: (d := run_folder(out)) and (d / "checkpoints" / "latest.pt").exists() and d,
-        "the first checkpoint",
-    )
-    ray.kill(ray.get_actor(driver_name(str(run_dir))), no_restart=False)
-    stdout = finish(process)
-    assert "restarted from the last checkpoint" in stdout and "resumed at generation 1" in stdout, stdout
-    assert_same_result(run_dir, reference)
-
-
 def test_killed_worker_and_removed_node_do_not_change_the_result(cluster):
     reference, _ = cli_run(*FAULT_RUN, "hardware.num_workers=1")
-    out, process = start_on(cluster)
+    out, process = start_on(cluster, FAULT_RUN)
     run_dir = wait_for(process, lambda: logged(out, 0), "the initial evaluation")  # generation 1 is under way
     victim = live_workers(cluster, run_dir)[0]
     ray.kill(ray.get_actor(victim.name))
@@ -252,53 +160,23 @@ def test_killed_worker_and_removed_node_do_not_change_the_result(cluster):
     assert_same_result(run_dir, reference)
 
 
-CHAOS_RUN = (*SMALL, "generations=10", "engine=hf")  # the reference: hardware.num_workers=1, no faults
-
-
-def test_chaos_random_workers_killed_at_seeded_moments_are_replaced_and_change_nothing(cluster):
-    """Three kills at seeded moments of a 10-generation run with 3 workers (two may hit the
-    same worker slot, a replacement among them): each lost worker is replaced, the pool ends
-    at its size, and the final adapter is bitwise the fault-free run's."""
-    reference, _ = cli_run(*CHAOS_RUN, "hardware.num_workers=1")
-    chaos = random.Random(11)
-    moments = sorted(chaos.sample(range(0, 5), 3))  # kill once this generation is logged
-    out, process = start_on(cluster, CHAOS_RUN)
-    for moment in moments:
-        run_dir = wait_for(process, lambda: logged(out, moment), f"generation {moment}")
-        victim = chaos.choice(sorted(a.name for a in live_workers(cluster, run_dir)))
-        ray.kill(ray.get_actor(victim))
-        wait_for(process, lambda: victim not in {a.name for a in live_workers(cluster, run_dir)}, f"{victim} to die")
-    stdout = finish(process)
-    assert_same_result(run_dir, reference)
-    records = [r for r in read_metrics(run_dir) if r["generation"] > 0]
-    assert sum(r["workers_lost"] for r in records) == 3 and sum(r["workers_replaced"] for r in records) == 3
-    assert records[-1]["workers"] == 3
-    assert stdout.count("started as a replacement") == 3 and stdout.count("lost; its work is rerun") == 3
-
-
-# Long enough (~20 s) for a replacement to start (~10 s) and join with a snapshot and updates behind it.
-EGGROLL_RUN = (
+# Long enough (~20 s) for a replacement to start (~10 s) and join with a snapshot and updates
+# behind it (it joined at generation 15 of 30). EGGROLL's replacement: test_chaos.py.
+ES_FULL_RUN = (
     *SMALL,
-    "strategy=eggroll",
+    "strategy=es_full",
     "strategy.snapshot_every=4",
     "generations=30",
     "task.prompts_per_generation=32",
     "engine=hf",
 )
-FULL_WEIGHT_RUNS = {
-    "eggroll": EGGROLL_RUN,
-    # The same run with es_full: about as long (its replacement joined at generation 15 of 30).
-    "es_full": tuple("strategy=es_full" if a == "strategy=eggroll" else a for a in EGGROLL_RUN),
-}
 
 
-@pytest.mark.parametrize("strategy", ["eggroll", "es_full"])
-def test_a_killed_full_weight_worker_is_replaced_with_the_same_weights(cluster, strategy):
+def test_a_killed_es_full_worker_is_replaced_with_the_same_weights(cluster):
     """A replacement rebuilds the engine's weights from the snapshot and the fitness since
     (its checksum is checked when it joins); the exported model is bitwise the fault-free run's."""
-    run = FULL_WEIGHT_RUNS[strategy]
-    reference, _ = cli_run(*run, "hardware.num_workers=1")
-    out, process = start_on(cluster, run)
+    reference, _ = cli_run(*ES_FULL_RUN, "hardware.num_workers=1")
+    out, process = start_on(cluster, ES_FULL_RUN)
     run_dir = wait_for(process, lambda: logged(out, 0), "the initial evaluation")
     victim = live_workers(cluster, run_dir)[0].name
     ray.kill(ray.get_actor(victim))

@@ -1,0 +1,171 @@
+"""Chaos on a three-node `ray.cluster_utils.Cluster`: for ES, GA, EGGROLL, the ecology and
+SFT, a 10-generation run with engine=hf is hit by kills of its engine workers and of its
+driver at moments drawn from a seeded `random.Random`, each right after a generation's record
+appears in metrics.jsonl (mid-generation: the workers are then inside the next generation;
+the driver may be between its record and its checkpoint, or past both). Every run ends
+bitwise equal to its fault-free reference run (one worker, no kills): the exported adapters
+and models, every deterministic value of every metrics record, every JSONL file the run
+writes and its summary, with no generation's record missing or written twice.
+
+SFT is bitwise too: it trains on the driver (CPU torch), and a restarted driver rebuilds its
+trainer from the checkpointed adapter, AdamW state and step; its batches are a function of
+the run seed and the step.
+
+First every worker is killed at once, in a seeded order: the pool, left with none, waits for
+their replacements, so each one joins and is counted (a generation here is shorter than a
+worker's start). Then the driver, once a seeded later generation is logged and the
+replacements are counted in a checkpointed record, so the counts are exact. The kills wait on
+observable state (records, actor states), never on time.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from ray_cluster import finish, live_driver, live_workers, logged, run_folder, start_on, three_nodes, wait_for
+from safetensors.torch import load_file
+
+from evora.distributed.launch import driver_name
+from evora.tracking.metrics import read_metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("chaos")]
+
+GENERATIONS = 10
+# Small runs: a generation's search and a held-out evaluation every 5 generations on 32 prompts.
+TINY_RUN = (
+    "engine=hf",
+    f"generations={GENERATIONS}",
+    "engine.max_loras=4",
+    "task.prompts_per_generation=16",
+    "task.eval_size=32",
+    "eval_every=5",
+)
+RUNS = {
+    "es": (*TINY_RUN, "strategy.population=8"),
+    "ga": (*TINY_RUN, "strategy=ga", "strategy.population=8"),
+    # Snapshots every 3 generations: its workers killed after generation 4 or 5, their
+    # replacements join from the snapshot of generation 3 and the updates since.
+    "eggroll": (*TINY_RUN, "strategy=eggroll", "strategy.population=8", "strategy.snapshot_every=3"),
+    "ecology": (*TINY_RUN, "model=tiny_mix", "task=mix", "strategy=ecology", "task.selection_size=32"),
+    "sft": (*TINY_RUN, "strategy=sft", "strategy.steps_per_generation=4"),
+}
+# Values of a metrics record that depend on time and on the workers, not on the run's trajectory.
+VARYING = {"time", "wall_clock_s", "tokens_per_second", "worker_rss_mb"}
+VARYING |= {"workers", "workers_lost", "workers_replaced", "pool_events"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from three_nodes()
+
+
+@dataclass
+class Chaos:
+    run_dir: Path
+    stdout: str
+    replaced_at: list[int]  # the generations whose records count a replacement joining
+
+
+def run_with_chaos(cluster, run: tuple[str, ...], seed: int, workers: int, first: range = range(0, 3)) -> Chaos:
+    """Every engine worker killed, in a seeded order, once a seeded generation of `first`
+    is logged (the pool, left with none, waits for their replacements, so each one joins), then
+    the driver once a seeded later generation is logged and the replacements are counted in a
+    checkpointed record."""
+    chaos = random.Random(seed)
+    out, process = start_on(cluster, (*run, f"hardware.num_workers={workers}"))
+    moment = chaos.choice(first)
+    run_dir = wait_for(process, lambda: logged(out, moment), f"generation {moment}")
+    driver = live_driver(cluster, run_dir)
+    victims = sorted(a.name for a in live_workers(cluster, run_dir, driver.pid))
+    assert len(victims) == workers, victims
+    chaos.shuffle(victims)
+    for victim in victims:
+        ray.kill(ray.get_actor(victim))
+    wait_for(process, lambda: not set(victims) & {a.name for a in live_workers(cluster, run_dir)}, "the kills")
+
+    def replaced() -> list[int]:
+        records = read_metrics(run_dir)
+        joined = [r["generation"] for r in records if r.get("workers_replaced")]
+        return joined if sum(r.get("workers_replaced", 0) for r in records) == workers else []
+
+    replaced_at = wait_for(process, replaced, "the replacements to join")
+    # The record after theirs is written after the checkpoint that holds theirs.
+    moment = max(chaos.randrange(1, GENERATIONS), replaced_at[-1] + 1)
+    assert moment <= GENERATIONS, f"the replacements joined at generation {replaced_at[-1]}, too late"
+    wait_for(process, lambda: logged(out, moment), f"generation {moment}")
+    ray.kill(ray.get_actor(driver_name(str(run_dir))), no_restart=False)
+    return Chaos(run_dir, finish(process), replaced_at)
+
+
+def tensors_of(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
+    files = [*run_dir.glob("adapters/**/*.safetensors"), *run_dir.glob("model/*.safetensors")]
+    return {str(f.relative_to(run_dir)): load_file(str(f)) for f in sorted(files)}
+
+
+def trajectory(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k not in VARYING and not k.startswith("seconds")}
+
+
+def assert_bitwise_equal(run_dir: Path, reference: Path) -> None:
+    ours, theirs = tensors_of(run_dir), tensors_of(reference)
+    assert ours.keys() == theirs.keys() and ours, (ours.keys(), theirs.keys())
+    for name, tensors in theirs.items():
+        assert tensors.keys() == ours[name].keys()
+        assert all(torch.equal(ours[name][k], v) for k, v in tensors.items()), name
+    records = read_metrics(run_dir)
+    assert [r["generation"] for r in records] == list(range(GENERATIONS + 1))  # none missing, none twice
+    assert [trajectory(r) for r in records] == [trajectory(r) for r in read_metrics(reference)]
+    files = sorted(p.name for p in reference.glob("*.jsonl") if p.name != "metrics.jsonl")
+    assert files == sorted(p.name for p in run_dir.glob("*.jsonl") if p.name != "metrics.jsonl")
+    for name in files:
+        assert read_metrics(run_dir, name) == read_metrics(reference, name), name
+    summaries = [json.loads((d / "eval" / "summary.json").read_text()) for d in (run_dir, reference)]
+    for summary in summaries:
+        del summary["compute"]  # its seconds vary
+    assert summaries[0] == summaries[1]
+
+
+def assert_recovered(chaos: Chaos, workers: int) -> None:
+    """Each lost worker was replaced and its work rerun; the driver restarted once, from its
+    last checkpoint."""
+    stdout = chaos.stdout
+    records = [r for r in read_metrics(chaos.run_dir) if r["generation"] > 0]
+    assert sum(r["workers_lost"] for r in records) == workers, records
+    assert sum(r["workers_replaced"] for r in records) == workers and records[-1]["workers"] == workers
+    assert stdout.count("lost; its work is rerun") == workers, stdout
+    assert stdout.count("started as a replacement") == workers, stdout
+    assert stdout.count("restarted from the last checkpoint") == 1 and "resumed at generation" in stdout, stdout
+
+
+@pytest.mark.parametrize(
+    "strategy,seed,workers",
+    [
+        pytest.param("es", 11, 3, id="es"),
+        pytest.param("ga", 12, 2, id="ga"),
+        pytest.param("eggroll", 13, 2, id="eggroll"),
+        pytest.param("ecology", 14, 2, id="ecology"),
+        pytest.param("sft", 15, 2, id="sft"),
+    ],
+)
+def test_seeded_worker_and_driver_kills_leave_the_run_bitwise_equal_to_a_fault_free_one(
+    cluster, strategy, seed, workers
+):
+    # The fault-free run: one worker, on the same cluster, at the same time (it leaves the chaos
+    # run's waits for its replacements and its restart less idle time).
+    out, fault_free = start_on(cluster, (*RUNS[strategy], "hardware.num_workers=1"))
+    try:
+        first = range(4, 6) if strategy == "eggroll" else range(0, 3)
+        chaos = run_with_chaos(cluster, RUNS[strategy], seed, workers, first)
+        finish(fault_free)
+    finally:
+        fault_free.kill()  # gone already, unless the chaos run failed
+    assert_recovered(chaos, workers)
+    assert_bitwise_equal(chaos.run_dir, run_folder(out))
+    if strategy == "eggroll":  # the replacements' weights: a snapshot (of generation 3 or later) and the updates since
+        assert chaos.replaced_at[0] - 1 > 3, chaos.replaced_at
