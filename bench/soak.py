@@ -29,15 +29,12 @@ import psutil
 import ray
 from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 
+from evora.distributed.worker_memory import process_tree_rss_mb
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 GOAL = 0.05  # flat within 5% after warm-up
 GROWS = ("run_dir_bytes", "state_bytes")  # linear by design: reported per generation, not held flat
-
-
-def tree_rss_mb(pid: int) -> float:
-    me = psutil.Process(pid)
-    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**20
 
 
 def folder_bytes(folder: Path) -> int:
@@ -60,9 +57,9 @@ def sample(run_dir: Path, tag: str, generation: int) -> dict[str, Any]:
     return {
         "generation": generation,
         "time": time.time(),
-        "driver_rss_mb": sum(tree_rss_mb(p) for p in driver.values()),
+        "driver_rss_mb": sum(process_tree_rss_mb(p) for p in driver.values()),
         "driver_fds": sum(psutil.Process(p).num_fds() for p in driver.values()),
-        "worker_rss_mb": {name.rsplit("-", 1)[-1]: tree_rss_mb(p) for name, p in workers.items()},
+        "worker_rss_mb": {name.rsplit("-", 1)[-1]: process_tree_rss_mb(p) for name, p in workers.items()},
         "worker_fds": {name.rsplit("-", 1)[-1]: psutil.Process(p).num_fds() for name, p in workers.items()},
         "shm_entries": sum(1 for folder in scratch for _ in folder.rglob("*")) + len(scratch),
         "object_store_bytes": int(store.object_store_bytes_used),

@@ -15,8 +15,9 @@ import psutil
 READ_EVERY_S = 1.0
 
 
-def process_tree_rss_mb() -> float:
-    me = psutil.Process()
+def process_tree_rss_mb(pid: int | None = None) -> float:
+    """RSS of a process (this one by default) and its children, MiB."""
+    me = psutil.Process(pid)
     return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**20
 
 
