@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import RESULTS, build_bench_model  # noqa: E402  (the same bench model)
+from bench_model import RESULTS, build_bench_model  # noqa: E402  (the same bench model)
 
 from evora.models.parameters import count_parameters  # noqa: E402
 

@@ -53,6 +53,7 @@ from typing import Any
 
 import ray  # noqa: F401  (EngineWorker.info imports it lazily; fail early if missing)
 import torch
+from bench_model import build_bench_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -106,30 +107,6 @@ class PerRequestLengths:
         return getattr(self.engine, name)
 
 
-def build_bench_model(folder: Path) -> int:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(ROOT / "evora" / "models" / "tiny")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return sum(p.numel() for p in model.parameters())
-
-
 def overrides(model: str, args: argparse.Namespace, workload: Workload, units: str = "whole") -> list[str]:
     """`whole` also sizes vLLM's host LoRA cache for one call over the whole population."""
     device = ["hardware=gpu", "hardware.num_workers=1"] if args.device == "cuda" else ["hardware.num_workers=1"]
@@ -177,7 +154,8 @@ def interleaved(paths: dict, repeats: int) -> tuple[dict[str, float], dict[str, 
 
 
 def start_worker(model: str, args: argparse.Namespace, workload: Workload) -> Any:
-    from evora.distributed.worker import EngineWorker, engine_rank, worker_spec
+    from evora.distributed.worker import EngineWorker
+    from evora.distributed.worker_spec import engine_rank, worker_spec
     from evora.engines.environment import engine_environment
     from evora.lora.layout import build_layout
     from evora.lora.modules import adaptable_modules

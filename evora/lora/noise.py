@@ -22,5 +22,11 @@ def gaussian(key: int, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randn(shape, generator=generator, dtype=torch.float32)
 
 
+def gaussian_into(key: int, out: torch.Tensor) -> None:
+    """`gaussian(key, out.shape)` written into `out` (contiguous fp32 on the CPU): the same values,
+    without a tensor of their own."""
+    torch.randn(out.shape, generator=torch.Generator(device="cpu").manual_seed(key), out=out)
+
+
 def member_noise(run_seed: int, generation: int, member: int, tensor_name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return gaussian(noise_key(run_seed, "noise", generation, member, tensor_name), shape)
