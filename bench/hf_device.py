@@ -13,7 +13,8 @@ adapter at a time through PEFT, its prompts batched) evaluates the same unit on 
                decode another token: these are measured, not promised.
   throughput   generated tokens per second of the same unit on the bench model (~26M parameters,
                random weights, every sequence exactly --tokens long) on each device, and in bf16 on
-               the accelerator: the median of --repeats.
+               the accelerator: the median of --repeats, with the worker's own split of it (materialising
+               the adapters, loading them, generating, rewards).
 
 Results: bench/results/hf_device.json.
 """
@@ -109,15 +110,23 @@ def throughput(model: str, device: str, dtype: str, args: argparse.Namespace) ->
     worker = start_worker(model, device, dtype, args, ["engine.ignore_eos=true"])
     payload, unit = es_unit(worker, "train", args.prompts)
     worker.evaluate(payload, unit)  # warm-up (CUDA context, kernels, the first adapter load)
-    seconds, tokens = [], 0
+    seconds, results = [], []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        tokens = int(worker.evaluate(payload, unit).tokens.sum())
+        results.append(worker.evaluate(payload, unit))
         seconds.append(time.perf_counter() - start)
     worker.shutdown()
-    median = statistics.median(seconds)
+    median, tokens = statistics.median(seconds), int(results[-1].tokens.sum())
     assert tokens == args.population * args.prompts * args.tokens  # every sequence exactly --tokens long
-    return {"device": device, "dtype": dtype, "seconds": median, "tokens": tokens, "tokens_per_s": tokens / median}
+    parts = {part: statistics.median(r.timings[part] for r in results) for part in results[-1].timings}
+    return {
+        "device": device,
+        "dtype": dtype,
+        "seconds": median,
+        "tokens": tokens,
+        "tokens_per_s": tokens / median,
+        "parts_s": parts,
+    }
 
 
 def main() -> None:
@@ -148,7 +157,10 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: report[k] for k in ("accelerator", "parity_tiny_fp32", "speedup_over_cpu")}, indent=2))
     for run in runs:
-        print(f"{run['device']:>5} {run['dtype']:>9}: {run['tokens_per_s']:10.1f} tokens/s ({run['seconds']:.2f} s)")
+        parts = ", ".join(f"{part} {value:.2f}" for part, value in run["parts_s"].items())
+        print(
+            f"{run['device']:>5} {run['dtype']:>9}: {run['tokens_per_s']:10.1f} tokens/s ({run['seconds']:.2f} s: {parts})"
+        )
 
 
 if __name__ == "__main__":
