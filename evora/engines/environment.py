@@ -8,6 +8,8 @@ from typing import Callable, Mapping
 
 from evora.engines.base import EngineSpec
 
+ONEDNN_CACHE_CAPACITY = "128"
+
 
 def vllm_environment(spec: EngineSpec, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment the process of an evora engine gives vLLM (what vLLM reads from the
@@ -20,7 +22,11 @@ def vllm_environment(spec: EngineSpec, environ: Mapping[str, str] = os.environ) 
     - CPU: no thread binding, since evora sets each worker's thread count
       (hardware.cpu_threads_per_worker) and several engines on one machine must not all
       bind the same cores; the KV cache of hardware.kv_cache_gib (vLLM lets this variable
-      override its engine argument, and evora's CPU image sets a default).
+      override its engine argument, and evora's CPU image sets a default); oneDNN's process-wide
+      primitive cache held to ONEDNN_CACHE_CAPACITY entries (unless the user sets it): vLLM's CPU
+      GEMMs keep their own cache per layer, and oneDNN's, 1,024 primitives by default, one per
+      matrix shape and token count, grew a worker by ~140 MiB over 60 generations of the ecology's units of
+      varying size (bench/soak.py; flat at 128, no slower).
     """
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
@@ -29,6 +35,7 @@ def vllm_environment(spec: EngineSpec, environ: Mapping[str, str] = os.environ) 
     if spec.device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_gib)
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
     return env
 
 

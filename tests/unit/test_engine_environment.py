@@ -12,16 +12,22 @@ from evora.engines.environment import engine_environment, vllm_environment
 EVORA = Path(__file__).resolve().parents[2] / "evora"
 
 
-def test_a_vllm_engine_on_cpu_runs_in_its_process_unbound_with_the_runs_kv_cache():
+def test_a_vllm_engine_on_cpu_runs_in_its_process_unbound_with_the_runs_kv_cache_and_a_bounded_onednn_cache():
     spec = EngineSpec(model="m", kv_cache_gib=3)
     assert vllm_environment(spec, environ={}) == {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_LOGGING_LEVEL": "WARNING",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "VLLM_CPU_KVCACHE_SPACE": "3",
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128",
     }
-    # A user's own engine-core process or log level is kept; the image's KV cache default is not.
-    users = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # A user's own engine-core process, log level or oneDNN cache is kept; the image's KV cache default is not.
+    users = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "VLLM_LOGGING_LEVEL": "DEBUG",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024",
+    }
     assert vllm_environment(spec, environ=users) == {
         **users,
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
