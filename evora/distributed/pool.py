@@ -37,6 +37,14 @@ def worker_placement(spec: WorkerSpec, hardware: HardwareConfig, name_prefix: st
     return placement
 
 
+UNITS_IN_FLIGHT = 2  # per worker
+
+
+def slots_of(workers: list[int]) -> list[int]:
+    """Each worker UNITS_IN_FLIGHT times, round-robin: the first units spread over every worker."""
+    return [w for _ in range(UNITS_IN_FLIGHT) for w in workers]
+
+
 class WorkerPool:
     def __init__(
         self,
@@ -76,35 +84,39 @@ class WorkerPool:
         return events
 
     def run(self, payload: Any, units: list[WorkUnit], max_attempts: int = 3) -> list[UnitResult]:
-        """Results in unit order. `payload` is an ObjectRef: put once, read once by each worker."""
+        """Results in unit order. `payload` is an ObjectRef: put once, read once by each worker.
+        Each worker has UNITS_IN_FLIGHT units at a time: the next waits in its actor's queue while
+        it runs one, so no worker idles through a round trip to the driver."""
         shared = SharedPayload(payload)
         pending = deque((i, 0) for i in range(len(units)))
-        idle = deque(self._check_in())
+        slots = deque(slots_of(self._check_in()))  # a worker once per unit it may have in flight
         in_flight: dict[Any, tuple[int, int, int]] = {}  # ref -> (unit, attempt, worker)
         results: dict[int, UnitResult] = {}  # by unit
         while pending or in_flight:
-            while pending and idle:
+            while pending and slots:
                 unit, attempt = pending.popleft()
-                worker = idle.popleft()
+                worker = slots.popleft()
                 in_flight[self.actors[worker].evaluate.remote(shared, units[unit])] = (unit, attempt, worker)
             if not in_flight and not self.starting:
                 raise RuntimeError("every engine worker has died (hardware.worker_replacements used up)")
             [done], _ = ray.wait([*in_flight, *self.starting], num_returns=1)
             if done in self.starting:
-                idle.extend(self._joined(done))
+                slots.extend(slots_of(self._joined(done)))
                 continue
             unit, attempt, worker = in_flight.pop(done)
             try:
                 results[unit] = ray.get(done)
-                idle.append(worker)
+                if worker in self.alive:  # not lost meanwhile through its other unit
+                    slots.append(worker)
             except WORKER_FAILURES:
-                self._lost(worker)
+                if worker in self.alive:  # its other unit in flight may have found it lost already
+                    self._lost(worker)
                 if attempt + 1 >= max_attempts:
                     raise
                 pending.append((unit, attempt + 1))
                 # Workers lost with it (a node, a preemption) may be idle: found now, so that the
                 # unit does not use up its attempts on workers that were dead before it got there.
-                idle = deque(self._responding(list(idle)))
+                slots = deque(self._responding(list(slots)))
         return [results[unit] for unit in range(len(units))]
 
     def broadcast(self, method: str, *args: Any) -> list[Any]:
@@ -143,8 +155,10 @@ class WorkerPool:
 
     def _responding(self, workers: list[int]) -> list[int]:
         """Those of `workers` that answer (one cheap call each); the others are lost."""
-        probes = [self.actors[w].__ray_ready__.remote() for w in workers]
-        for worker, probe in zip(workers, probes):
+        # `workers` may name one several times (its slots), and one already lost through a unit.
+        distinct = sorted(set(workers) & self.alive)
+        probes = [self.actors[w].__ray_ready__.remote() for w in distinct]
+        for worker, probe in zip(distinct, probes):
             try:
                 ray.get(probe)
             except WORKER_FAILURES:
