@@ -158,9 +158,8 @@ def main() -> None:
     print(json.dumps({k: report[k] for k in ("accelerator", "parity_tiny_fp32", "speedup_over_cpu")}, indent=2))
     for run in runs:
         parts = ", ".join(f"{part} {value:.2f}" for part, value in run["parts_s"].items())
-        print(
-            f"{run['device']:>5} {run['dtype']:>9}: {run['tokens_per_s']:10.1f} tokens/s ({run['seconds']:.2f} s: {parts})"
-        )
+        speed = f"{run['tokens_per_s']:10.1f} tokens/s ({run['seconds']:.2f} s: {parts})"
+        print(f"{run['device']:>5} {run['dtype']:>9}: {speed}")
 
 
 if __name__ == "__main__":

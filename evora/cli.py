@@ -319,7 +319,24 @@ def doctor_main(argv: list[str]) -> None:
     raise SystemExit(code)
 
 
-SUBCOMMANDS = {"analyze": analyze_main, "compare": compare_main, "runs": runs_main, "doctor": doctor_main}
+def serve_main(argv: list[str]) -> None:
+    """`evora serve <run folder> [--host H] [--port N] [--print] [-- vLLM flags]`: vLLM's OpenAI
+    server with the run's base model and adapters by name (evora/serve.py)."""
+    from evora.serve import serve
+
+    try:
+        serve(argv)
+    except EvoraError as error:
+        _die(error)
+
+
+SUBCOMMANDS = {
+    "analyze": analyze_main,
+    "compare": compare_main,
+    "runs": runs_main,
+    "doctor": doctor_main,
+    "serve": serve_main,
+}
 
 
 # Ray Tune (PBT) reads these in the process that runs it, the CLI's: no console tables or

@@ -12,6 +12,7 @@ SUBCOMMANDS = (
     ("analyze", "plots/ and report.md of a run folder, or sweep.png of a sweep folder"),
     ("compare", "base/final/best held-out reward, compute and wall-clock of several runs, side by side"),
     ("runs", "list, show or clean the run folders under runs/"),
+    ("serve", "vLLM's OpenAI-compatible server with a run's base model and adapters by name"),
 )
 EXAMPLES = (
     "evora                                            # the quickstart: tiny model, CPU, local Ray",

@@ -249,6 +249,8 @@ class Driver:
         chosen_on = "selection" if self.plan.splits.selection else "heldout"
         summary = write_run_summary(
             self.run_dir,
+            run=self.run_cfg,
+            heldout_size=len(heldout),
             strategy=self.run_cfg.strategy.name,
             generations=done,
             center=self.entry.center,

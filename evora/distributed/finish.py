@@ -1,6 +1,6 @@
 """The one finish every run ends with, whatever its strategy: the best adapter against
-the base model on held-out (eval/best_vs_base.md/.json), exported adapters, and
-eval/summary.json in the one schema (evora/schemas/summary.schema.json). `evora eval`
+the base model on held-out (eval/best_vs_base.md/.json), exported adapters with their model
+cards, and eval/summary.json in the one schema (evora/schemas/summary.schema.json). `evora eval`
 uses the same comparison.
 
 Evaluation itself is passed in (`Evaluate`): a worker pool for ask/tell runs and
@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evora.analysis.comparison import build_report, write_reports
+from evora.config.schema import RunConfig
 from evora.distributed.evaluate import SplitOutcome
+from evora.distributed.model_cards import write_model_cards
 from evora.lora.layout import AdapterLayout
 from evora.strategies.protocol import BASE, CENTER, Tensors
 from evora.tracking.events import FinalEvent
@@ -62,6 +64,8 @@ class Outcome:
 def write_run_summary(
     run_dir: Path,
     *,
+    run: RunConfig,
+    heldout_size: int,
     strategy: str,
     generations: int,
     center: str | None,
@@ -88,6 +92,7 @@ def write_run_summary(
         "details": details or {},
     }
     write_summary(run_dir, summary)
+    write_model_cards(run_dir, run, summary, heldout_size)  # after the summary: a card cites its numbers
     return summary
 
 

@@ -32,8 +32,8 @@ def readme_commands() -> list[str]:
         line = line.removeprefix(".venv/bin/")
         line = launch_script_as_evora(line) or line
         line = line.replace("evora doctor ", "evora ", 1)  # doctor takes a run's overrides
-        if re.match(r"^(\w+=\S+ )*evora( |$)", line) and not re.match(r"^evora (analyze|runs|compare)\b", line):
-            commands.append(line)  # analyze/runs/compare take folders, not config: the CLI tests run them
+        if re.match(r"^(\w+=\S+ )*evora( |$)", line) and not re.match(r"^evora (analyze|runs|compare|serve)\b", line):
+            commands.append(line)  # analyze/runs/compare/serve take folders, not config: the CLI tests run them
     return commands
 
 

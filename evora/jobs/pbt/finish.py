@@ -99,6 +99,8 @@ def finish(
     }
     summary = write_run_summary(
         folder,
+        run=run,
+        heldout_size=len(plan.splits.heldout),
         strategy="pbt",
         generations=run.generations,
         center=None,
