@@ -95,20 +95,28 @@ def test_every_exported_folder_has_a_card_with_its_own_held_out_numbers(tmp_path
     tensors = random_adapter(layout, seed=0, a_std=None, b_std=0.1)
     for folder in ("best", "mean", "organelles/o1", "organelles/o2"):
         save_adapter(tmp_path / "adapters" / folder, tensors, layout)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # a whole model (EGGROLL's final weights)
     adapters = {"best": "adapters/best", "mean": "adapters/mean", "organelles": "adapters/organelles"}
+    adapters |= {"model": "model", "routing": "routing.json"}
     run = compose_run(["seed=5"], validated=False)
     paths = write_model_cards(tmp_path, run, summary_of(adapters), heldout_size=40)
-    assert sorted(p.parent.name for p in paths) == ["best", "mean", "o1", "o2"]
+    assert sorted(p.parent.name for p in paths) == ["best", "mean", "model", "o1", "o2"]
     for path in paths:
         meta = front_matter(path)
-        assert meta["base_model"] == run.model.path and meta["library_name"] == "peft"
-        assert {"evora", "es", run.task.name, "lora"} <= set(meta["tags"])
+        assert meta["base_model"] == run.model.path
+        assert meta["library_name"] == ("transformers" if path.parent.name == "model" else "peft")
+        assert {"evora", "es", run.task.name} <= set(meta["tags"])
         card = ModelCard.load(path)  # what the Hub's client reads
         assert card.data.base_model == run.model.path
         assert reproduce_command(run) in card.text and f"evora=={__version__}" in card.text
     summary = summary_of(adapters)
-    for folder, numbers in (("best", summary["best"]), ("mean", summary["final"])):
-        results = front_matter(tmp_path / "adapters" / folder / CARD_FILE)["model-index"][0]["results"]
+    for folder, numbers in (
+        ("adapters/best", summary["best"]),
+        ("adapters/mean", summary["final"]),
+        ("model", summary["final"]),
+    ):
+        results = front_matter(tmp_path / folder / CARD_FILE)["model-index"][0]["results"]
         assert {m["type"]: m["value"] for r in results for m in r["metrics"]} == numbers
     # An organelle's own numbers are not known: its card says so and claims none.
     assert "model-index" not in front_matter(tmp_path / "adapters/organelles/o1" / CARD_FILE)
