@@ -17,7 +17,7 @@ PYTEST_XDIST ?= -n 3 --dist loadgroup
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.evora-installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup slurm run test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +32,18 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 setup: $(STAMP)
 
+# A real single-node SLURM for tests/integration/test_slurm.py: Debian's slurm-wlm and munge,
+# installed where apt-get runs as root (the test says what is missing elsewhere).
+slurm:
+	@command -v sbatch >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -q slurm-wlm munge >/dev/null || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q slurm-wlm munge >/dev/null; }; }; } || \
+	  echo "make: slurm-wlm and munge not installed (no apt-get as root here)"
+
 run: setup
 	$(BIN)/evora $(ARGS)
 
-test: setup
+test: setup slurm
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

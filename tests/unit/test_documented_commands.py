@@ -39,8 +39,16 @@ def readme_commands() -> list[str]:
 
 def launch_script_as_evora(line: str) -> str | None:
     """`launch/submit.sh [flags] <overrides>` -> `evora <overrides>`, `launch/sweep.sh <overrides>`
-    -> `evora -m <overrides>`; None for other lines and for job-management calls."""
+    -> `evora -m <overrides>`, `sbatch [flags] launch/slurm.sbatch <overrides>` -> `evora
+    hardware=multinode <overrides>` (as the script runs it); None for other lines and for
+    job-management calls."""
     words = line.split()
+    if words[:1] == ["sbatch"] and "launch/slurm.sbatch" in words:  # sbatch [flags] launch/slurm.sbatch <overrides>
+        overrides = words[words.index("launch/slurm.sbatch") + 1 :]
+        if any(w.startswith("resume=") for w in overrides):
+            return None  # a resume names a run folder of the user's
+        chosen = any(w.startswith("hardware=") for w in overrides)
+        return " ".join(["evora", *([] if chosen else ["hardware=multinode"]), *overrides])
     if not words or words[0] not in ("launch/submit.sh", "launch/sweep.sh"):
         return None
     if any(w in ("--logs", "--status", "--stop", "-h", "--help") for w in words):

@@ -1,0 +1,147 @@
+"""launch/slurm.sbatch on a real single-node SLURM (Debian's slurm-wlm with munge, which `make
+setup` installs where apt is available): munged, slurmctld and slurmd started for the module
+from a slurm.conf of their own, on free ports. The batch script starts a Ray head as a job step,
+runs evora on it and ends; a job cancelled with scancel mid-run leaves a run that
+`resume=<run>` through the same script finishes, every generation logged once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ENGINE_ENVIRONMENT, SMALL, only_run_dir
+from evora.tracking.metrics import read_metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "launch" / "slurm.sbatch"
+BIN = Path(sys.executable).parent  # evora and ray beside this Python
+RUN = ("hardware=multinode_cpu", "hardware.num_workers=1", "tracking.progress=false", *SMALL)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def slurm_conf(folder: Path) -> str:
+    host = socket.gethostname()
+    return f"""ClusterName=evora-test
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={folder}/munge.socket
+CredType=cred/munge
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SwitchType=switch/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+KillWait=10
+NodeName={host} CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """The environment a SLURM client needs to reach this module's cluster."""
+    if shutil.which("sbatch") is None:
+        pytest.fail("SLURM is not installed: `make setup` installs slurm-wlm and munge where apt-get runs as root")
+    folder = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool"):
+        (folder / sub).mkdir()
+    key = folder / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    munge = ["--force", f"--key-file={key}", f"--socket={folder}/munge.socket", f"--pid-file={folder}/munged.pid"]
+    subprocess.run(["munged", *munge, f"--log-file={folder}/munged.log", f"--seed-file={folder}/seed"], check=True)
+    (folder / "slurm.conf").write_text(slurm_conf(folder))
+    # What a user's shell has: not the engine environment this test process set for its own engines.
+    env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}
+    env["SLURM_CONF"] = str(folder / "slurm.conf")
+    subprocess.run(["slurmctld", "-f", str(folder / "slurm.conf")], check=True, env=env)
+    subprocess.run(["slurmd", "-f", str(folder / "slurm.conf")], check=True, env=env)
+    yield env
+    subprocess.run(["scancel", "--user=root"], env=env)
+    for daemon in ("slurmd", "slurmctld", "munged"):
+        pid = folder / f"{daemon}.pid"
+        if pid.exists():
+            subprocess.run(["kill", pid.read_text().strip()])
+
+
+def sbatch(env: dict, out: Path, *overrides: str, wait: bool) -> subprocess.CompletedProcess:
+    """The batch script on one node, its output in out/job.log; with `wait`, until the job ends."""
+    job_env = {**env, "EVORA": str(BIN / "evora"), "RAY_PORT": str(free_port())}
+    command = ["sbatch", "--parsable", "--nodes=1", f"--output={out}/job.log", f"--chdir={out}"]
+    command += ["--wait"] * wait + [str(SCRIPT), *overrides]
+    return subprocess.run(command, env=job_env, capture_output=True, text=True, timeout=900)
+
+
+def job_listed(env: dict, job: str) -> bool:
+    """Whether squeue still lists the job (pending, running or completing: its processes alive)."""
+    listed = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True)
+    return bool(listed.stdout.strip())
+
+
+def wait_until(condition, what: str, limit_s: float = 600) -> None:
+    """Polls observable state (a file, the job's state) until `condition()` holds."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_a_run_submitted_with_sbatch_finishes_in_its_run_folder(slurm, tmp_path):
+    done = sbatch(slurm, tmp_path, *RUN, "generations=2", f"tracking.out_dir={tmp_path}/runs", wait=True)
+    log = (tmp_path / "job.log").read_text()
+    assert done.returncode == 0, log[-4000:]
+    assert "evora on SLURM job" in log and "Ray head" in log
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert summary["generations"] == 2 and (run_dir / "adapters" / "best" / "README.md").is_file()
+
+
+def test_scancel_mid_run_leaves_a_run_that_resumes_through_the_script(slurm, tmp_path):
+    runs = tmp_path / "runs"
+    submitted = sbatch(slurm, tmp_path, *RUN, "generations=6", f"tracking.out_dir={runs}", wait=False)
+    job = submitted.stdout.strip().split(";")[0]
+    assert submitted.returncode == 0 and job, submitted.stderr
+
+    def logged_two() -> bool:
+        found = list(runs.glob("*/metrics.jsonl")) if runs.exists() else []
+        return bool(found) and len(read_metrics(found[0].parent)) >= 3  # generations 0, 1 and 2
+
+    wait_until(logged_two, "generation 2")
+    subprocess.run(["scancel", job], env=slurm, check=True)
+    wait_until(lambda: not job_listed(slurm, job), "the cancelled job's end")
+    run_dir = only_run_dir(runs)
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+    assert len(read_metrics(run_dir)) < 7  # stopped before the end
+    resumed = sbatch(slurm, tmp_path, f"resume={run_dir}", wait=True)
+    assert resumed.returncode == 0, (tmp_path / "job.log").read_text()[-4000:]
+    assert [r["generation"] for r in read_metrics(run_dir)] == list(range(7))
+    assert json.loads((run_dir / "eval" / "summary.json").read_text())["generations"] == 6
