@@ -22,11 +22,11 @@ def vllm_environment(spec: EngineSpec, environ: Mapping[str, str] = os.environ) 
     - CPU: no thread binding, since evora sets each worker's thread count
       (hardware.cpu_threads_per_worker) and several engines on one machine must not all
       bind the same cores; the KV cache of hardware.kv_cache_gib (vLLM lets this variable
-      override its engine argument, and evora's CPU image sets a default); oneDNN's process-wide
-      primitive cache held to ONEDNN_CACHE_CAPACITY entries (unless the user sets it): vLLM's CPU
-      GEMMs keep their own cache per layer, and oneDNN's, 1,024 primitives by default, one per
-      matrix shape and token count, grew a worker by ~140 MiB over 60 generations of the ecology's units of
-      varying size (bench/soak.py; flat at 128, no slower).
+      override its engine argument, and evora's CPU image sets a default); oneDNN's
+      process-wide primitive cache held to ONEDNN_CACHE_CAPACITY entries unless the user sets
+      it: vLLM's CPU GEMMs keep their own cache per layer, and oneDNN's (1,024 primitives by
+      default, one per matrix shape and token count) grew a worker by ~140 MiB over 60
+      generations of the ecology's units of varying size (bench/soak.py; flat at 128, no slower).
     """
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),

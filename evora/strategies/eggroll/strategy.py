@@ -87,10 +87,13 @@ class EggrollStrategy:
         self, generation: int, member: int, module: str, out_features: int, in_features: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B [out, r], A [r, in]) of member's perturbation of a module."""
+        b_key, a_key = self.factor_keys(generation, member, module)
+        return gaussian(b_key, (out_features, self.cfg.rank)), gaussian(a_key, (self.cfg.rank, in_features))
+
+    def factor_keys(self, generation: int, member: int, module: str) -> tuple[int, int]:
+        """The generator seeds of member's B and A for a module."""
         key = (self.run_seed, "eggroll", generation, member, module)
-        b = gaussian(noise_key(*key, "B"), (out_features, self.cfg.rank))
-        a = gaussian(noise_key(*key, "A"), (self.cfg.rank, in_features))
-        return b, a
+        return noise_key(*key, "B"), noise_key(*key, "A")
 
     # --- ask / tell -------------------------------------------------------------------
 
@@ -164,12 +167,12 @@ class EggrollStrategy:
         if not live:
             return torch.zeros(out_features, in_features, device=device)
         rank = self.cfg.rank
-        bs = torch.empty(len(live), out_features, rank)  # member m's B [out, r] at bs[m]
-        as_ = torch.empty(len(live) * rank, in_features)  # member m's A [r, in] at rows m r .. (m + 1) r
+        bs = torch.empty(len(live), out_features, rank)  # the i-th live member's B [out, r] at bs[i]
+        as_ = torch.empty(len(live) * rank, in_features)  # its A [r, in] at rows i r .. (i + 1) r
         for i, (member, _) in enumerate(live):
-            key = (self.run_seed, "eggroll", update.generation, member, module)
-            gaussian_into(noise_key(*key, "B"), bs[i])
-            gaussian_into(noise_key(*key, "A"), as_[i * rank : (i + 1) * rank])
+            b_key, a_key = self.factor_keys(update.generation, member, module)
+            gaussian_into(b_key, bs[i])
+            gaussian_into(a_key, as_[i * rank : (i + 1) * rank])
         bs *= torch.tensor([c for _, c in live], dtype=torch.float32).view(-1, 1, 1)
         stacked = bs.to(device).permute(1, 0, 2).reshape(out_features, len(live) * rank)  # torch.cat(B_m, dim=1)
         scale = 1.0 / (update.population * self.cfg.sigma * math.sqrt(self.cfg.rank))
