@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from evora.config.schema import VLLM_LORA_RANKS
 from evora.distributed.model_cards import exported_folders
 from evora.engines.base import EngineSpec
 from evora.engines.environment import vllm_environment
@@ -26,7 +27,6 @@ from evora.plan.overlay import saved_run_config
 from evora.tracking.summary import read_summary
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's --max-lora-rank takes
 BASE_NAME = "base"
 
 
@@ -54,9 +54,11 @@ def server_command(
     command += [*(["--tokenizer", model.tokenizer] if model.tokenizer else [])]
     command += [*(["--revision", model.revision] if model.revision else [])]
     command += [*(["--trust-remote-code"] if model.trust_remote_code else [])]
+    tensor_parallel = run.hardware.tensor_parallel_size
+    command += [*(["--tensor-parallel-size", str(tensor_parallel)] if tensor_parallel > 1 else [])]
     if adapters:
         rank = max(read_adapter_config(folder)["r"] for folder in adapters.values())
-        command += ["--enable-lora", "--max-lora-rank", str(min(r for r in LORA_RANKS if r >= rank))]
+        command += ["--enable-lora", "--max-lora-rank", str(min(r for r in VLLM_LORA_RANKS if r >= rank))]
         command += ["--max-loras", str(min(len(adapters), run.engine.max_loras))]
         command += ["--lora-modules", *(f"{name}={folder.resolve()}" for name, folder in adapters.items())]
     device = "cuda" if run.hardware.gpus_per_worker > 0 else "cpu"

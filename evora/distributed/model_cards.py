@@ -33,7 +33,8 @@ NOT_REPRODUCED = ("resume", "tracking.out_dir")
 BARE = re.compile(r"[A-Za-z_/~][A-Za-z0-9_./:~-]*")  # a Hydra override value that needs no quotes
 NOT_STRINGS = {"true", "false", "null", "none", "inf", "nan"}  # bare, Hydra reads these as other types
 SHOWN_METRICS = ("fitness", "reward", "accuracy")
-# Which summary metrics describe which exported folder (the rest get the run's numbers, unattributed).
+# Which of the summary's held-out metrics describe which exported folder (the center's: "final";
+# others, such as the ecology's organelles, have none of their own).
 FOLDER_METRICS = {"best": "best", "best_model": "best", "model": "final", "delta": "final"}
 
 TEMPLATE = """---
