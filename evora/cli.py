@@ -148,6 +148,9 @@ EVAL_OPTIONS = {
     "compare": "true | false",
     "split": "heldout | selection | train",
     "out": "report folder",
+    "benchmarks": "lm-evaluation-harness tasks, e.g. [gsm8k,arc_easy]: the export against the base model",
+    "benchmarks_path": "a folder of your own lm-eval task YAMLs (lm-eval's include_path)",
+    "limit": "benchmarks: at most this many documents per task",
 }
 
 
@@ -200,6 +203,14 @@ def eval_main(argv: list[str]) -> None:
         )
         from evora.distributed.eval_job import run_evaluation, run_portfolio_evaluation
 
+        if "benchmarks" in options:
+            if adapter is None or routed:
+                raise ConfigError(
+                    "benchmarks=...: adapter= names a PEFT adapter or a model folder (not base or routing)"
+                )
+            report = benchmark(run, adapter, options, Path(out))
+            print(Path(report["paths"][0]).read_text(), end="")
+            return
         plan = job_plan(run, overrides)
         if routed:
             assert adapter is not None
@@ -209,6 +220,23 @@ def eval_main(argv: list[str]) -> None:
     except EvoraError as error:
         _die(error)
     _print_eval(report)
+
+
+def benchmark(run: Any, adapter: str, options: dict[str, str], out: Path) -> dict[str, Any]:
+    """`benchmarks=[a,b]`: lm-eval's tasks on the export and the base model (evora/jobs/benchmarks.py)."""
+    from evora.distributed.worker_spec import engine_spec
+    from evora.engines.environment import engine_environment
+    from evora.errors import ConfigError
+    from evora.jobs.benchmarks import run_benchmarks
+    from evora.models import locate_model
+
+    tasks = [t.strip() for t in options["benchmarks"].strip("[]").split(",") if t.strip()]
+    limit = options.get("limit")
+    if not tasks or (limit is not None and not limit.isdigit()):
+        raise ConfigError(f"benchmarks={options['benchmarks']} limit={limit}: tasks as [a,b], limit a count")
+    if run.engine.name == "vllm":  # lm-eval's vLLM engine runs in this process: the environment evora's engines get
+        os.environ.update(engine_environment("vllm", engine_spec(run, locate_model(run.model.path).path)))
+    return run_benchmarks(run, adapter, tasks, out, options.get("benchmarks_path"), int(limit) if limit else None)
 
 
 def _print_eval(report: dict[str, Any]) -> None:

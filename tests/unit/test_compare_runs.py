@@ -15,6 +15,7 @@ import yaml
 from rich.console import Console
 
 from evora.analysis import compare as cmp
+from evora.analysis.compare import tables
 from evora.errors import ConfigError
 from evora.tracking.summary import validate_summary
 
@@ -213,12 +214,40 @@ def test_markdown(rows, tmp_path):
     }
     assert table["run"] == list(cmp.COLUMNS)
     # No kl in these summaries (older runs): "-" for the KL and for the front.
-    assert table["es-run"] == ["es-run", "es", "0.5000", "0.6500", "0.7000", "-", "-", "3.0e+12", "4000", "0", "33.0"]
-    assert table["pbt-run"][3:8] == ["-", "0.8000", "-", "-", "3.0e+11"]
-    assert table["crashed-run"] == ["crashed-run", "ga"] + ["-"] * 9
+    # No benchmarks of the best adapter: "-" for kept skills.
+    assert table["es-run"] == [
+        "es-run",
+        "es",
+        "0.5000",
+        "0.6500",
+        "0.7000",
+        "-",
+        "-",
+        "-",
+        "3.0e+12",
+        "4000",
+        "0",
+        "33.0",
+    ]
+    assert table["pbt-run"][3:9] == ["-", "0.8000", "-", "-", "-", "3.0e+11"]
+    assert table["crashed-run"] == ["crashed-run", "ga"] + ["-"] * 10
     assert "Highest best held-out reward: 0.8000, reached by `pbt-run` (3.0e+11 search FLOPs)" in text
     assert "`es-run` (es, addition, tiny): best held-out reward 0.7000 at generation 2, after 2.0e+10" in text
     assert "`crashed-run` (ga, addition, tiny): unfinished" in text
+
+
+def test_kept_skills_is_the_mean_benchmark_difference_of_the_best_adapter(tmp_path):
+    run = es_run(tmp_path)
+    table = run / "eval" / "best" / "benchmarks.json"
+    table.parent.mkdir(parents=True)
+    rows = [
+        {"task": "a", "metric": "acc,none", "difference": 0.03},
+        {"task": "b", "metric": "em,none", "difference": -0.01},
+    ]
+    table.write_text(json.dumps({"rows": rows}))
+    [row] = cmp.collect([run])
+    assert (row.kept_skills, row.kept_skills_n) == (pytest.approx(0.01), 2)
+    assert tables.cells(row)[cmp.COLUMNS.index("kept skills")] == "+0.010 (2 metrics)"
 
 
 def test_png_is_written(rows, tmp_path):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from evora import cli
 from evora.plan.compose import CONF_DIR
 from evora.plan.jobs import preflight
 
@@ -75,7 +76,8 @@ def test_there_are_commands_to_check():
     assert len(conf_header_commands()) >= len(list(CONF_DIR.rglob("*.yaml"))) - 3
 
 
-EVAL_OPTIONS = ("adapter=", "compare=", "split=", "out=")
+# evora eval's own options (evora.cli.EVAL_OPTIONS), as a prefix each.
+EVAL_OPTIONS = tuple(f"{option}=" for option in cli.EVAL_OPTIONS)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ compare hook adds (`RunRow.extra`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,10 @@ class RunRow:
     # Every run: its best adapter's held-out accuracy and tokens per example.
     best_accuracy: float | None = None
     best_tokens: float | None = None
+    # `evora eval benchmarks=[...]` of the best adapter: the mean of its lm-eval metrics' differences
+    # from the base model (eval/best/benchmarks.json), and how many task-metrics that mean covers.
+    kept_skills: float | None = None
+    kept_skills_n: int = 0
     matched: str | None = None  # strategy.match (BudgetFields): the run a compute-matched baseline spent as much as
     matched_by: str | None = None  # strategy.match_by: flops | tokens | seconds
     search_decoding: str | None = None  # "greedy", or the sampling of search ("T=1 n=4 mean")
@@ -179,9 +184,23 @@ def read_row(name: str, run: Path) -> RunRow:
         final_kl=headline(summary, "final", "kl"),
         best_accuracy=headline(summary, "best", "accuracy"),
         best_tokens=headline(summary, "best", "tokens"),
+        **kept_skills(run),
         **decoding_fields(config, summary),
         **_strategy_fields(config, summary),
     )
+
+
+BENCHMARKS = (
+    Path("eval") / "best" / "benchmarks.json"
+)  # written by `evora eval adapter=<run>/adapters/best benchmarks=...`
+
+
+def kept_skills(run: Path) -> dict[str, Any]:
+    """RunRow's kept_skills fields from the best adapter's benchmark table, where there is one."""
+    path = run / BENCHMARKS
+    rows = json.loads(path.read_text())["rows"] if path.is_file() else []
+    differences = [r["difference"] for r in rows]
+    return {"kept_skills": sum(differences) / len(differences), "kept_skills_n": len(differences)} if rows else {}
 
 
 def collect(folders: list[Path]) -> list[RunRow]:

@@ -32,6 +32,7 @@ COLUMNS = (
     "final",
     "best held-out reward",
     "best held-out KL",
+    "kept skills",
     "front",
     "search FLOPs",
     "tokens generated",
@@ -62,6 +63,13 @@ def _kl(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def _kept(row: RunRow) -> str:
+    """The benchmarks' mean difference from the base model (`evora eval benchmarks=...`), or "-"."""
+    if row.kept_skills is None:
+        return "-"
+    return f"{row.kept_skills:+.3f} ({row.kept_skills_n} metric{'s' * (row.kept_skills_n != 1)})"
+
+
 def _front(flag: bool | None) -> str:
     return "-" if flag is None else ("yes" if flag else "no")
 
@@ -75,6 +83,7 @@ def cells(row: RunRow, front: bool | None = None) -> list[str]:
         _reward(row.final),
         _reward(row.best),
         _kl(row.best_kl),
+        _kept(row),
         _front(front),
         _flops(row.flops_search),
         _plain(row.tokens_generated),
