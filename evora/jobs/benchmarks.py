@@ -51,8 +51,9 @@ def subjects(run: RunConfig, export: str) -> tuple[Subject, Subject]:
 def model_args(run: RunConfig, backend: str, subject: Subject) -> dict[str, Any]:
     """lm-eval's model_args for `subject` under the run's settings."""
     model, hardware = run.model, run.hardware
-    common: dict[str, Any] = {"pretrained": subject.pretrained, "dtype": model.dtype, "trust_remote_code": False}
-    common |= {"revision": model.revision} if model.revision and subject.adapter else {}
+    common: dict[str, Any] = {"pretrained": subject.pretrained, "dtype": model.dtype}
+    common |= {"trust_remote_code": model.trust_remote_code}
+    common |= {"revision": model.revision} if model.revision and subject.label != "model" else {}  # the hub's base
     common |= {"tokenizer": model.tokenizer} if model.tokenizer else {}
     if backend == "hf":
         device = "cuda" if hardware.gpus_per_worker > 0 else "cpu"
