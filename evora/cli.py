@@ -174,7 +174,10 @@ def eval_main(argv: list[str]) -> None:
 
     An adapter inside a run folder (<run>/adapters/<name>), or a run's routing.json, is
     evaluated with that run's config (model, task, seed), overrides applied on top; elsewhere
-    with the defaults. A routing.json is evaluated as its routed portfolio."""
+    with the defaults. A routing.json is evaluated as its routed portfolio.
+
+    `evora eval adapter=<adapter or model folder> benchmarks=[a,b] [benchmarks_path=<dir>] [limit=N]`:
+    lm-evaluation-harness tasks on it and on the base model instead (benchmarks.md/.json)."""
     from datetime import datetime
 
     from evora.errors import ConfigError
