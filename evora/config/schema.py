@@ -82,6 +82,8 @@ class TaskConfig:
     length_measure: str = "generated"
     families: dict[str, float] = field(default_factory=dict)  # task=mix: family (a task name) -> weight
     heldout_families: list[str] = field(default_factory=list)  # task=mix: families only in the held-out split
+    lm_eval_task: Optional[str] = None  # task=lm_eval: an lm-evaluation-harness task's name
+    lm_eval_path: Optional[str] = None  # task=lm_eval: a folder of your own lm-eval task YAMLs (include_path)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ adapter through PEFT) under engine=hf, with the run's model, dtype, context leng
 A table per task and metric: the base model, the adapter (or a whole model folder, EGGROLL's
 `model/`), their difference, and the difference's standard error from lm-eval's own standard
 errors of the two (as if independent: lm-eval reports no paired one). Written to
-`benchmarks.md` / `.json`. lm-eval is the optional extra `.[eval]`, imported only here."""
+`benchmarks.md` / `.json`. Relative data files of your own task YAMLs (`benchmarks_path`) are read
+from that folder, as task=lm_eval reads them. lm-eval is the optional extra `.[eval]`, imported
+only here."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from evora.errors import ConfigError
 from evora.lora.peft_io import CONFIG_FILE as ADAPTER_CONFIG
 from evora.lora.peft_io import read_adapter_config
 from evora.models import locate_model
+from evora.tasks.lm_eval_task import reading_from
 
 BACKENDS = {"vllm": "vllm", "hf": "hf"}  # evora engine -> lm-eval model type
 RESULT_FIELDS = ("name", "alias", "sample_len", "samples")  # lm-eval's per-task keys that are no metric
@@ -95,20 +98,22 @@ def evaluate(run: RunConfig, subject: Subject, tasks: list[str], include_path: s
     backend = BACKENDS[run.engine.name]
     if backend == "vllm":
         install_cpu_distribution_name()  # lm-eval's vLLM backend asks for the `vllm` distribution's version
+    include_path = str(Path(include_path).resolve()) if include_path else None
     manager = TaskManager(include_path=include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ConfigError(f"benchmarks={','.join(unknown)}: no such lm-eval task (see `lm-eval ls tasks`)")
     seeds = {k: run.seed for k in ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")}
-    results = lm_eval.simple_evaluate(
-        model=backend,
-        model_args=model_args(run, backend, subject),
-        tasks=tasks,
-        task_manager=manager,
-        limit=limit,
-        log_samples=False,
-        **seeds,
-    )
+    with reading_from(include_path):  # your tasks' relative data files, as task=lm_eval reads them
+        results = lm_eval.simple_evaluate(
+            model=backend,
+            model_args=model_args(run, backend, subject),
+            tasks=tasks,
+            task_manager=manager,
+            limit=limit,
+            log_samples=False,
+            **seeds,
+        )
     gc.collect()  # the backend's model (a vLLM engine) goes before the next one starts
     return metrics_of(results)
 

@@ -102,8 +102,11 @@ def resolve_strategy_overrides(overrides: list[str]) -> list[str]:
 def compose(overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
     setup()
+    if GlobalHydra.instance().is_initialized():  # inside the CLI's @hydra.main (on CONF_DIR): PBT's finish runs there
+        return hydra_compose(config_name="config", overrides=overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=overrides)
 

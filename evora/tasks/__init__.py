@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from evora.tasks import addition, arithmetic, conciseness, countdown, families, gsm8k, jsonl, mix, mmlu_pro  # noqa: F401  (registration)
+from evora.tasks import (  # noqa: F401  (registration)
+    addition,
+    arithmetic,
+    conciseness,
+    countdown,
+    families,
+    gsm8k,
+    jsonl,
+    lm_eval_task,
+    mix,
+    mmlu_pro,
+)
 from evora.tasks.base import Example, Splits, Task, build_task, registered_tasks
 
 

@@ -1,8 +1,11 @@
-"""`evora eval adapter=<run>/adapters/best benchmarks=[...]` (evora/jobs/benchmarks.py) with both
-engines, on an lm-evaluation-harness task defined in this repository (tests/data/lm_eval: its
-YAML and a local JSONL, read relative to the working directory as lm-eval reads local data):
-each table's numbers, base model and adapter, equal those of lm-eval's own `simple_evaluate`
-called here on the same model and adapter with the backend's documented arguments."""
+"""lm-evaluation-harness in evora, on a task defined in this repository (tests/data/lm_eval: its YAML
+and a local JSONL, relative to the task's folder, from which lm-eval's own calls here run):
+
+- `evora eval adapter=<run>/adapters/best benchmarks=[...]` (evora/jobs/benchmarks.py) with both
+  engines: each table's numbers, base model and adapter, equal those of lm-eval's own
+  `simple_evaluate` called here on the same model and adapter with the backend's documented arguments;
+- an ES run on `task=lm_eval` (evora/tasks/lm_eval_task.py): the held-out rewards it reports are
+  lm-eval's own metric of the completions it lists."""
 
 from __future__ import annotations
 
@@ -62,3 +65,31 @@ def test_the_benchmark_table_equals_lm_evals_own_numbers(engine, tmp_path):
     assert (row["base"], row["base_stderr"]) == (base["value"], base["stderr"])
     assert (row["export"], row["export_stderr"]) == (ours["value"], ours["stderr"])
     assert row["difference"] == ours["value"] - base["value"]
+
+
+@pytest.mark.xdist_group("lm-eval-task")
+def test_an_es_run_on_an_lm_eval_task_reports_lm_evals_own_metric(tmp_path):
+    """task=lm_eval through the whole runtime: the held-out rewards the run reports, base and best,
+    are lm-eval's own metric of the completions it lists (eval/best_vs_base.json)."""
+    sizes = ["task.train_size=16", "task.eval_size=16", "task.prompts_per_generation=8", "task.max_tokens=8"]
+    run_dir, _ = cli_run(
+        *SMALL[:2], "task=lm_eval", f"task.lm_eval_task={TASK}", f"task.lm_eval_path={TASKS}", *sizes, "generations=3"
+    )
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    report = json.loads((run_dir / "eval" / "best_vs_base.json").read_text())
+    rows = [row for group in report["counts"] for row in report[group]]
+    cwd = os.getcwd()
+    os.chdir(TASKS)
+    try:
+        reference = TaskManager(include_path=str(TASKS)).load_task_or_group([TASK])[TASK]
+    finally:
+        os.chdir(cwd)
+    docs = {reference.fewshot_context(doc, num_fewshot=0): doc for doc in reference.test_docs()}
+
+    def own(column: str) -> float:
+        scores = [reference.process_results(docs[r["prompt"]], [r[column].split("\n")[0]])["exact_match"] for r in rows]
+        return sum(scores) / len(scores)
+
+    assert len(rows) == 16
+    assert summary["base"]["reward"] == pytest.approx(own("base"))
+    assert summary["best"]["reward"] == pytest.approx(own("adapter"))  # better than the base or not: as measured

@@ -39,14 +39,21 @@ def test_the_paper_countdown_setup_composes_for_each_of_its_models(model):
 
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-# Options that need company: long-context tasks need a real model, jsonl needs a file.
+# Options that need company: long-context tasks need a real model, jsonl a file, lm_eval a task.
 WITH = {
     ("task", "jsonl"): [
         f"task.data_path={DATA / 'qa.jsonl'}",
         "task.eval_size=2",
         "task.selection_size=0",
         "task.prompts_per_generation=4",
-    ]
+    ],
+    ("task", "lm_eval"): [
+        "task.lm_eval_task=evora_addition",
+        f"task.lm_eval_path={DATA / 'lm_eval'}",
+        "task.train_size=16",
+        "task.eval_size=8",
+        "task.prompts_per_generation=8",
+    ],
 }
 
 

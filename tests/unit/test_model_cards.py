@@ -9,6 +9,7 @@ import shlex
 import pytest
 import yaml
 from huggingface_hub import ModelCard
+from hydra import initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
@@ -17,7 +18,7 @@ from evora.distributed.model_cards import CARD_FILE, hydra_value, reproduce_comm
 from evora.lora.init import random_adapter
 from evora.lora.layout import build_layout
 from evora.lora.peft_io import save_adapter
-from evora.plan.compose import compose_run
+from evora.plan.compose import CONF_DIR, compose_run
 from evora.tracking.run_dir import config_dict
 
 RUNS = [
@@ -36,6 +37,14 @@ def test_the_reproducing_command_composes_to_the_runs_own_config(overrides):
     words = shlex.split(command)
     assert words[0] == "evora" and "strategy=" + run.strategy.name in words
     assert config_dict(compose_run(words[1:], validated=False)) == config_dict(run)
+
+
+def test_the_command_is_made_where_hydra_runs_already():
+    """PBT's finish runs in the CLI's process, inside its @hydra.main on the same config folder."""
+    run = compose_run(["strategy=ga", "seed=4"], validated=False)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        words = shlex.split(reproduce_command(run))
+        assert config_dict(compose_run(words[1:], validated=False)) == config_dict(run)
 
 
 @pytest.mark.parametrize(
