@@ -24,7 +24,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from evora.errors import EvoraError
+from evora.errors import ConfigError, EvoraError
 from evora.plan.compose import CONF_DIR, resolve_strategy_overrides, setup, to_run_config
 from evora.plan.jobs import job_plan, preflight
 from evora.strategies import get_strategy
@@ -174,13 +174,9 @@ def eval_main(argv: list[str]) -> None:
 
     An adapter inside a run folder (<run>/adapters/<name>), or a run's routing.json, is
     evaluated with that run's config (model, task, seed), overrides applied on top; elsewhere
-    with the defaults. A routing.json is evaluated as its routed portfolio.
-
-    `evora eval adapter=<adapter or model folder> benchmarks=[a,b] [benchmarks_path=<dir>] [limit=N]`:
-    lm-evaluation-harness tasks on it and on the base model instead (benchmarks.md/.json)."""
+    with the defaults. A routing.json is evaluated as its routed portfolio. benchmarks=[a,b]: lm-eval's tasks."""
     from datetime import datetime
 
-    from evora.errors import ConfigError
     from evora.plan.compose import compose_run
     from evora.plan.overlay import overlay, saved_run_config
 
@@ -207,13 +203,7 @@ def eval_main(argv: list[str]) -> None:
         from evora.distributed.eval_job import run_evaluation, run_portfolio_evaluation
 
         if "benchmarks" in options:
-            if adapter is None or routed:
-                raise ConfigError(
-                    "benchmarks=...: adapter= names a PEFT adapter or a model folder (not base or routing)"
-                )
-            report = benchmark(run, adapter, options, Path(out))
-            print(Path(report["paths"][0]).read_text(), end="")
-            return
+            return print(Path(benchmark(run, adapter, routed, options, Path(out))["paths"][0]).read_text(), end="")
         plan = job_plan(run, overrides)
         if routed:
             assert adapter is not None
@@ -225,14 +215,15 @@ def eval_main(argv: list[str]) -> None:
     _print_eval(report)
 
 
-def benchmark(run: Any, adapter: str, options: dict[str, str], out: Path) -> dict[str, Any]:
+def benchmark(run: Any, adapter: str | None, routed: bool, options: dict[str, str], out: Path) -> dict[str, Any]:
     """`benchmarks=[a,b]`: lm-eval's tasks on the export and the base model (evora/jobs/benchmarks.py)."""
     from evora.distributed.worker_spec import engine_spec
     from evora.engines.environment import engine_environment
-    from evora.errors import ConfigError
     from evora.jobs.benchmarks import run_benchmarks
     from evora.models import locate_model
 
+    if adapter is None or routed:
+        raise ConfigError("benchmarks=...: adapter= names a PEFT adapter or a model folder (not base or routing)")
     tasks = [t.strip() for t in options["benchmarks"].strip("[]").split(",") if t.strip()]
     limit = options.get("limit")
     if not tasks or (limit is not None and not limit.isdigit()):
@@ -271,8 +262,6 @@ def analyze_main(argv: list[str]) -> None:
     """`evora analyze <run or sweep folder>`: plots + report.md; prints the paths."""
     import argparse
     from pathlib import Path
-
-    from evora.errors import ConfigError
 
     parser = argparse.ArgumentParser(prog="evora analyze", description=analyze_main.__doc__)
     parser.add_argument("folder", help="a run folder, or a multirun sweep folder (with sweep_summary.json)")
@@ -351,8 +340,7 @@ def doctor_main(argv: list[str]) -> None:
 
 
 def serve_main(argv: list[str]) -> None:
-    """`evora serve <run folder> [--host H] [--port N] [--print] [-- vLLM flags]`: vLLM's OpenAI
-    server with the run's base model and adapters by name (evora/serve.py)."""
+    """`evora serve <run folder> [--host H] [--port N] [--print] [-- vLLM flags]` (evora/serve.py)."""
     from evora.serve import serve
 
     try:
