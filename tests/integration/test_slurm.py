@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -96,7 +97,10 @@ def slurm(tmp_path_factory):
 
 def sbatch(env: dict, out: Path, *overrides: str, wait: bool) -> subprocess.CompletedProcess:
     """The batch script on one node, its output in out/job.log; with `wait`, until the job ends."""
-    job_env = {**env, "EVORA": str(BIN / "evora"), "RAY_PORT": str(free_port())}
+    # The job's Ray keeps its files (and its "current cluster" address) under a folder of its own:
+    # in /tmp/ray, a plain ray.init() of another test running meanwhile would join this cluster.
+    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+    job_env = {**env, "EVORA": str(BIN / "evora"), "RAY_PORT": str(free_port()), "RAY_TMPDIR": ray_tmp}
     command = ["sbatch", "--parsable", "--nodes=1", f"--output={out}/job.log", f"--chdir={out}"]
     command += ["--wait"] * wait + [str(SCRIPT), *overrides]
     return subprocess.run(command, env=job_env, capture_output=True, text=True, timeout=900)
