@@ -4,6 +4,7 @@ tiny model's tokenizer (bench/throughput.py, bench/eggroll.py, bench/hf_device.p
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,3 +35,19 @@ def build_bench_model(folder: Path) -> int:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return sum(p.numel() for p in model.parameters())
+
+
+def bench_layout(run: Any, model: str) -> Any:
+    """The adapter layout a bench's worker uses: the run's LoRA on every layer of `model`."""
+    from evora.lora.layout import build_layout
+    from evora.lora.modules import adaptable_modules
+
+    lora = run.lora
+    return build_layout(
+        adaptable_modules(model),
+        rank=lora.rank,
+        alpha=lora.alpha,
+        target_modules=lora.target_modules,
+        layers=None,
+        base_model=model,
+    )

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_model import RESULTS, ROOT, build_bench_model
+from bench_model import RESULTS, ROOT, bench_layout, build_bench_model
 
 TINY = str(ROOT / "evora" / "models" / "tiny")
 
@@ -39,8 +39,6 @@ TINY = str(ROOT / "evora" / "models" / "tiny")
 def start_worker(model: str, device: str, dtype: str, args: argparse.Namespace, extra: list[str]) -> Any:
     from evora.distributed.worker import EngineWorker
     from evora.distributed.worker_spec import engine_rank, worker_spec
-    from evora.lora.layout import build_layout
-    from evora.lora.modules import adaptable_modules
     from evora.plan.compose import compose_run
 
     run = compose_run(
@@ -58,14 +56,7 @@ def start_worker(model: str, device: str, dtype: str, args: argparse.Namespace, 
             *extra,
         ]
     )
-    layout = build_layout(
-        adaptable_modules(model),
-        rank=run.lora.rank,
-        alpha=run.lora.alpha,
-        target_modules=run.lora.target_modules,
-        layers=None,
-        base_model=model,
-    )
+    layout = bench_layout(run, model)
     return EngineWorker(worker_spec(run, model, layout, f"bench-hf-{device}", max_lora_rank=engine_rank(layout)), 0)
 
 

@@ -53,7 +53,7 @@ from typing import Any
 
 import ray  # noqa: F401  (EngineWorker.info imports it lazily; fail early if missing)
 import torch
-from bench_model import build_bench_model
+from bench_model import bench_layout, build_bench_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -157,19 +157,10 @@ def start_worker(model: str, args: argparse.Namespace, workload: Workload) -> An
     from evora.distributed.worker import EngineWorker
     from evora.distributed.worker_spec import engine_rank, worker_spec
     from evora.engines.environment import engine_environment
-    from evora.lora.layout import build_layout
-    from evora.lora.modules import adaptable_modules
     from evora.plan.compose import compose_run
 
     run = compose_run(overrides(model, args, workload))
-    layout = build_layout(
-        adaptable_modules(model),
-        rank=run.lora.rank,
-        alpha=run.lora.alpha,
-        target_modules=run.lora.target_modules,
-        layers=None,
-        base_model=model,
-    )
+    layout = bench_layout(run, model)
     spec = worker_spec(run, model, layout, "bench", max_lora_rank=engine_rank(layout))
     os.environ.update(engine_environment(spec.engine_name, spec.engine))  # what Ray gives worker actors
     worker = EngineWorker(spec, 0)
