@@ -73,7 +73,14 @@ def test_an_es_run_on_an_lm_eval_task_reports_lm_evals_own_metric(tmp_path):
     are lm-eval's own metric of the completions it lists (eval/best_vs_base.json)."""
     sizes = ["task.train_size=16", "task.eval_size=16", "task.prompts_per_generation=8", "task.max_tokens=8"]
     run_dir, _ = cli_run(
-        *SMALL[:2], "task=lm_eval", f"task.lm_eval_task={TASK}", f"task.lm_eval_path={TASKS}", *sizes, "generations=3"
+        *SMALL[:2],
+        "task=lm_eval",
+        f"task.lm_eval_task={TASK}",
+        f"task.lm_eval_path={TASKS}",
+        *sizes,
+        "generations=3",
+        "engine=hf",  # the task is the point, not the engine
+        "hardware.num_workers=1",
     )
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     report = json.loads((run_dir / "eval" / "best_vs_base.json").read_text())

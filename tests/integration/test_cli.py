@@ -125,14 +125,22 @@ def test_exported_adapters_load_in_peft(tiny_path):
 
 
 @pytest.mark.xdist_group("es-run")
-def test_one_worker_and_two_workers_give_the_bitwise_same_mean_adapter():
+def test_one_worker_resumed_on_two_gives_bitwise_the_run_of_two_workers_throughout():
+    """Worker counts and resume in one: one worker for generations 1-2, resumed on two workers for
+    generation 3, against two workers uninterrupted (hardware may change on resume)."""
     two, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
-    one, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=1")
-    assert_bitwise_equal(mean_adapter(one), mean_adapter(two))
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    first = run_evora([f"tracking.out_dir={out}", *SMALL, "generations=2", "hardware.num_workers=1"], cwd=out)
+    assert first.returncode == 0, first.stderr[-4000:]
+    part = only_run_dir(out)
+    second = run_evora([f"resume={part}", "generations=3", "hardware.num_workers=2"], cwd=out)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed at generation 2" in second.stdout
+    assert_bitwise_equal(mean_adapter(part), mean_adapter(two))
     # and the run actually moved: the mean is not the initial adapter any more
-    assert load(one / "checkpoints" / "latest.pt")["state"]["step"] == 3
-    fitness_one = [r["reward_mean"] for r in read_metrics(one)[1:]]
-    assert fitness_one == [r["reward_mean"] for r in read_metrics(two)[1:]]
+    assert load(part / "checkpoints" / "latest.pt")["state"]["step"] == 3
+    assert [r["generation"] for r in read_metrics(part)] == [0, 1, 2, 3]
+    assert [r["reward_mean"] for r in read_metrics(part)[1:]] == [r["reward_mean"] for r in read_metrics(two)[1:]]
 
 
 def test_whole_units_give_each_worker_its_share_in_one_generate_call():
@@ -143,20 +151,6 @@ def test_whole_units_give_each_worker_its_share_in_one_generate_call():
     assert [r["units"] for r in records] == [2, 2, 2]
     assert all(math.isfinite(r["reward_mean"]) and r["tokens"] > 0 for r in records)
     assert load(run / "checkpoints" / "latest.pt")["state"]["step"] == 3
-
-
-def test_resume_after_generation_2_of_4_equals_the_uninterrupted_run():
-    whole, _ = cli_run(*SMALL, "generations=4", "hardware.num_workers=2")
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    first = run_evora([f"tracking.out_dir={out}", *SMALL, "generations=2", "hardware.num_workers=2"], cwd=out)
-    assert first.returncode == 0, first.stderr[-4000:]
-    part = only_run_dir(out)
-    second = run_evora([f"resume={part}", "generations=4"], cwd=out)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed at generation 2" in second.stdout
-    assert_bitwise_equal(mean_adapter(part), mean_adapter(whole))
-    assert [r["generation"] for r in read_metrics(part)] == [0, 1, 2, 3, 4]
-    assert [r["reward_mean"] for r in read_metrics(part)[1:]] == [r["reward_mean"] for r in read_metrics(whole)[1:]]
 
 
 @pytest.mark.xdist_group("es-run")
@@ -222,6 +216,7 @@ def test_countdown_task_with_per_layer_noise():
         "task.prompts_per_generation=8",
         "strategy.population=4",
         "strategy.noise_scale=per_layer",
+        "engine=hf",  # the task's rules and the noise are the point, not the engine
         "engine.max_loras=4",
         "generations=2",
         "hardware.num_workers=1",
@@ -234,20 +229,20 @@ def test_countdown_task_with_per_layer_noise():
 # --- memory ------------------------------------------------------------------------------
 
 
-def test_worker_memory_is_flat_over_30_generations():
+def test_worker_memory_is_flat_over_20_generations():
     run_dir, _ = cli_run(
         "strategy.population=8",
         "engine.max_loras=4",
         "task.prompts_per_generation=16",
         "task.eval_size=64",
         "eval_every=0",
-        "generations=30",
+        "generations=20",
         "hardware.num_workers=2",
     )
     records = {r["generation"]: r for r in read_metrics(run_dir)}
-    at5, at30 = records[5]["worker_rss_mb"], records[30]["worker_rss_mb"]
+    at5, at20 = records[5]["worker_rss_mb"], records[20]["worker_rss_mb"]
     for worker in at5:
-        assert abs(at30[worker] - at5[worker]) <= 0.05 * at5[worker], (worker, at5[worker], at30[worker])
+        assert abs(at20[worker] - at5[worker]) <= 0.05 * at5[worker], (worker, at5[worker], at20[worker])
 
 
 # --- W&B ---------------------------------------------------------------------------------
@@ -257,7 +252,8 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
     fake_key = "local-0123456789abcdef0123456789abcdef01234567"
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
     result = run_evora(
-        [f"tracking.out_dir={out}", *SMALL, "generations=2", "tracking=wandb", "tracking.wandb_mode=offline"],
+        [f"tracking.out_dir={out}", *SMALL, "generations=2", "engine=hf", "tracking=wandb"]
+        + ["tracking.wandb_mode=offline"],
         cwd=out,
         env={"WANDB_API_KEY": fake_key},
     )
@@ -279,15 +275,13 @@ GA = ["strategy=ga", *SMALL]
 
 @pytest.mark.xdist_group("ga-run")
 def test_ga_is_deterministic_across_worker_counts_and_resume(tmp_path):
+    """One worker for generations 1-2, resumed on two for generation 3: the two-worker run's elite and lineage."""
     two, _ = cli_run(*GA, "generations=3", "hardware.num_workers=2")
-    one, _ = cli_run(*GA, "generations=3", "hardware.num_workers=1")
-    assert_bitwise_equal(mean_adapter(one, "elite"), mean_adapter(two, "elite"))
-    assert read_metrics(one, "lineage.jsonl") == read_metrics(two, "lineage.jsonl")
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    first = run_evora([f"tracking.out_dir={out}", *GA, "generations=2", "hardware.num_workers=2"], cwd=out)
+    first = run_evora([f"tracking.out_dir={out}", *GA, "generations=2", "hardware.num_workers=1"], cwd=out)
     assert first.returncode == 0, first.stderr[-4000:]
     part = only_run_dir(out)
-    second = run_evora([f"resume={part}", "generations=3"], cwd=out)
+    second = run_evora([f"resume={part}", "generations=3", "hardware.num_workers=2"], cwd=out)
     assert second.returncode == 0, second.stderr[-4000:]
     assert_bitwise_equal(mean_adapter(part, "elite"), mean_adapter(two, "elite"))
     assert read_metrics(part, "lineage.jsonl") == read_metrics(two, "lineage.jsonl")

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 # snapshot_every=3: the 4-generation run writes a snapshot at generation 3, and its first 2
 # generations (the resume test's first part) none.
 ES_FULL = (*SMALL, "strategy=es_full", "strategy.sigma=0.04", "strategy.lr=0.02", "strategy.snapshot_every=3")
-TWO = (*ES_FULL, "generations=4", "hardware.num_workers=2")  # shared: 2 workers, the resume's whole run
+TWO = (*ES_FULL, "generations=4", "hardware.num_workers=2")  # shared: 2 workers, uninterrupted
 OUTCOMES = ("improvements", "regressions", "both_wrong", "both_right")
 MOVED = "model.layers.1.mlp.down_proj.weight"
 UNSELECTED = "model.layers.0.mlp.down_proj.weight"
@@ -48,11 +48,23 @@ def rewards(run_dir: Path) -> list[float]:
 
 
 @pytest.mark.xdist_group("es-full-run")
-def test_one_and_two_workers_export_bitwise_the_same_weights(tiny_path):
+def test_one_worker_resumed_on_two_exports_bitwise_the_weights_of_two_workers_throughout(tiny_path):
+    """Worker counts and resume in one: one worker for generations 1-2 (no weight snapshot yet: the
+    resume replays the updates from the model's weights), resumed on two workers for generations
+    3-4, against two workers uninterrupted."""
     two, stdout = cli_run(*TWO)
-    one, _ = cli_run(*ES_FULL, "generations=4", "hardware.num_workers=1")
-    assert_bitwise_equal(exported(one), exported(two))
-    assert rewards(one) == rewards(two) and len(rewards(two)) == 4
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    first = run_evora([f"tracking.out_dir={out}", *ES_FULL, "hardware.num_workers=1", "generations=2"], cwd=out)
+    assert first.returncode == 0, first.stderr[-4000:]
+    part = only_run_dir(out)
+    assert not list((part / "checkpoints").glob("weights_gen_*"))
+    second = run_evora([f"resume={part}", "generations=4", "hardware.num_workers=2"], cwd=out)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed at generation 2" in second.stdout
+    assert_bitwise_equal(exported(part), exported(two))
+    assert rewards(part) == rewards(two) and len(rewards(two)) == 4
+    snapshot = "checkpoints/weights_gen_3.safetensors"  # written after the resume, from replayed weights
+    assert_bitwise_equal(load_file(str(part / snapshot)), load_file(str(two / snapshot)))
     original = read_weights(tiny_path, [MOVED, UNSELECTED])
     assert not torch.equal(exported(two)[MOVED], original[MOVED])  # the run changed the selected matrix ...
     assert torch.equal(exported(two)[UNSELECTED], original[UNSELECTED])  # ... and nothing else
@@ -62,23 +74,6 @@ def test_one_and_two_workers_export_bitwise_the_same_weights(tiny_path):
     records = read_metrics(two)[1:]
     assert all(r["update_norm"] >= 0 and r["seconds_weights"] >= 0 for r in records)
     assert any(r["update_norm"] > 0 for r in records)  # (a generation whose candidates all tie moves nothing)
-
-
-@pytest.mark.xdist_group("es-full-run")
-def test_resume_after_generation_2_of_4_equals_the_uninterrupted_run():
-    whole, _ = cli_run(*TWO)
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    first = run_evora([f"tracking.out_dir={out}", *ES_FULL, "hardware.num_workers=2", "generations=2"], cwd=out)
-    assert first.returncode == 0, first.stderr[-4000:]
-    part = only_run_dir(out)
-    assert not list((part / "checkpoints").glob("weights_gen_*"))  # resume replays from the model's weights
-    second = run_evora([f"resume={part}", "generations=4"], cwd=out)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed at generation 2" in second.stdout
-    assert_bitwise_equal(exported(part), exported(whole))
-    assert rewards(part) == rewards(whole)
-    snapshot = "checkpoints/weights_gen_3.safetensors"  # written after the resume, from replayed weights
-    assert_bitwise_equal(load_file(str(part / snapshot)), load_file(str(whole / snapshot)))
 
 
 @pytest.mark.xdist_group("es-full-run")

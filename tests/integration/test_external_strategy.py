@@ -45,6 +45,7 @@ def test_a_user_strategy_runs_checkpoints_resumes_and_compares(user_package, tmp
         f"strategy.name={STRATEGY}",
         "strategy.population=4",
         *SMALL[1:],
+        "engine=hf",  # the plugin is the point, not the engine
         "hardware.num_workers=1",
         f"tracking.out_dir={tmp_path}",
     ]

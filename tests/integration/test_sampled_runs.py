@@ -51,14 +51,6 @@ def assert_same_run(ours: Path, theirs: Path) -> None:
 
 
 @pytest.mark.xdist_group("sampled-run")
-def test_one_and_two_workers_sample_bitwise_the_same_run():
-    two, _ = cli_run(*SAMPLED, "hardware.num_workers=2")
-    one, _ = cli_run(*SAMPLED, "hardware.num_workers=1")
-    assert_same_run(one, two)
-    assert any(r["reward_std"] for r in read_metrics(two)[1:])  # candidates really differ
-
-
-@pytest.mark.xdist_group("sampled-run")
 def test_held_out_reports_pass_at_1_and_pass_at_4_and_compare_shows_them(tmp_path):
     run_dir, _ = cli_run(*SAMPLED, "hardware.num_workers=2")
     summary = read_summary(run_dir)
@@ -75,13 +67,16 @@ def test_held_out_reports_pass_at_1_and_pass_at_4_and_compare_shows_them(tmp_pat
 
 
 @pytest.mark.xdist_group("sampled-run")
-def test_resume_after_generation_1_of_2_samples_what_the_uninterrupted_run_sampled():
-    whole, _ = cli_run(*SAMPLED, "hardware.num_workers=2")
+def test_one_worker_resumed_on_two_samples_bitwise_the_run_of_two_workers_throughout():
+    """Worker counts and resume in one: one worker for generation 1, resumed on two workers for
+    generation 2, samples what two workers sampled uninterrupted."""
+    two, _ = cli_run(*SAMPLED, "hardware.num_workers=2")
+    assert any(r["reward_std"] for r in read_metrics(two)[1:])  # candidates really differ
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    first = run_evora([f"tracking.out_dir={out}", *SAMPLED, "hardware.num_workers=2", "generations=1"], cwd=out)
+    first = run_evora([f"tracking.out_dir={out}", *SAMPLED, "hardware.num_workers=1", "generations=1"], cwd=out)
     assert first.returncode == 0, first.stderr[-4000:]
     part = only_run_dir(out)
-    second = run_evora([f"resume={part}", "generations=2"], cwd=out)
+    second = run_evora([f"resume={part}", "generations=2", "hardware.num_workers=2"], cwd=out)
     assert second.returncode == 0, second.stderr[-4000:]
     assert "resumed at generation 1" in second.stdout
-    assert_same_run(part, whole)
+    assert_same_run(part, two)

@@ -2,7 +2,8 @@
 test` installs where apt-get runs as root): munged, slurmctld and slurmd started for the module
 from a slurm.conf of their own, on free ports. The batch script starts a Ray head as a job step,
 runs evora on it and ends; a job cancelled with scancel mid-run leaves a run that
-`resume=<run>` through the same script finishes, every generation logged once."""
+`resume=<run>` through the same script finishes, every generation logged once. One test: the
+resumed job is also the one that checks a run through the script ends in its run folder."""
 
 from __future__ import annotations
 
@@ -120,18 +121,7 @@ def wait_until(condition, what: str, limit_s: float = 600) -> None:
         time.sleep(0.5)
 
 
-def test_a_run_submitted_with_sbatch_finishes_in_its_run_folder(slurm, tmp_path):
-    done = sbatch(slurm, tmp_path, *RUN, "generations=2", f"tracking.out_dir={tmp_path}/runs", wait=True)
-    log = (tmp_path / "job.log").read_text()
-    assert done.returncode == 0, log[-4000:]
-    assert "evora on SLURM job" in log and "Ray head" in log
-    run_dir = only_run_dir(tmp_path / "runs")
-    assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2]
-    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
-    assert summary["generations"] == 2 and (run_dir / "adapters" / "best" / "README.md").is_file()
-
-
-def test_scancel_mid_run_leaves_a_run_that_resumes_through_the_script(slurm, tmp_path):
+def test_a_run_cancelled_mid_run_resumes_through_the_script_and_finishes_in_its_run_folder(slurm, tmp_path):
     runs = tmp_path / "runs"
     submitted = sbatch(slurm, tmp_path, *RUN, "generations=6", f"tracking.out_dir={runs}", wait=False)
     job = submitted.stdout.strip().split(";")[0]
@@ -148,6 +138,9 @@ def test_scancel_mid_run_leaves_a_run_that_resumes_through_the_script(slurm, tmp
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
     assert len(read_metrics(run_dir)) < 7  # stopped before the end
     resumed = sbatch(slurm, tmp_path, f"resume={run_dir}", wait=True)
-    assert resumed.returncode == 0, (tmp_path / "job.log").read_text()[-4000:]
+    log = (tmp_path / "job.log").read_text()
+    assert resumed.returncode == 0, log[-4000:]
+    assert "evora on SLURM job" in log and "Ray head" in log
     assert [r["generation"] for r in read_metrics(run_dir)] == list(range(7))
     assert json.loads((run_dir / "eval" / "summary.json").read_text())["generations"] == 6
+    assert (run_dir / "adapters" / "best" / "README.md").is_file()
