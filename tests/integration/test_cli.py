@@ -270,7 +270,7 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
 
 # --- the genetic algorithm ----------------------------------------------------------------
 
-GA = ["strategy=ga", *SMALL]
+GA = ["strategy=ga", *SMALL, "engine=hf"]  # the GA is the point: vLLM's part is the ES tests' and the GA quickstart's
 
 
 @pytest.mark.xdist_group("ga-run")
@@ -380,6 +380,7 @@ def test_pbt_experiment_killed_after_the_first_perturbation_resumes(tmp_path):
         evora_cmd(
             "tracking.progress=false",
             "strategy=pbt",
+            "engine=hf",  # Tune's restore is the point, not the engine
             "generations=3",
             "strategy.steps_per_generation=10",
             f"tracking.out_dir={out}",
