@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,14 @@ def family_path(family: str) -> str:
     from evora.models.build_family import build_family
 
     return str(build_family(family, tempfile.mkdtemp(prefix=f"evora-{family}-")))
+
+
+def free_port() -> int:
+    """A port free now on loopback, for a server that several test processes might otherwise all
+    want (Ray's dashboard on 8265, a head's 6379)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def evora_cmd(*args: str) -> list[str]:

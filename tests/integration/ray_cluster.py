@@ -17,7 +17,7 @@ from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 from safetensors.torch import load_file
 
-from conftest import evora_cmd
+from conftest import evora_cmd, free_port
 from evora.distributed.launch import NAMESPACE, driver_name
 from evora.tracking.metrics import read_metrics
 from evora.tracking.run_dir import run_tag
@@ -35,7 +35,10 @@ def three_nodes() -> Iterator[Cluster]:
     # nodes pass this on to them.
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), saved]))
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": GPUS_PER_NODE})
+    # A dashboard port of its own: the state API (list_actors) goes through the dashboard, and
+    # another cluster of the suite may hold Ray's default 8265.
+    head = {"num_cpus": 2, "num_gpus": GPUS_PER_NODE, "dashboard_port": free_port()}
+    nodes = Cluster(initialize_head=True, head_node_args=head)
     for _ in range(2):
         nodes.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE)
     nodes.wait_for_nodes()

@@ -6,7 +6,6 @@ base model (eval/best_vs_base.json)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 
@@ -14,7 +13,7 @@ import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
 
-from conftest import SMALL, cli_run, evora_cmd
+from conftest import SMALL, cli_run, evora_cmd, free_port
 from evora.distributed.worker_spec import resolve_task
 from evora.models import locate_model
 from evora.plan.overlay import saved_run_config
@@ -22,12 +21,6 @@ from evora.tasks.prompts import PromptRenderer
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("es-run")]
 PROMPTS = 12
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def started(server: subprocess.Popen, log: list[str], limit_s: float = 600) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENGINE_ENVIRONMENT, SMALL, only_run_dir
+from conftest import ENGINE_ENVIRONMENT, SMALL, free_port, only_run_dir
 from evora.tracking.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
@@ -27,12 +27,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "launch" / "slurm.sbatch"
 BIN = Path(sys.executable).parent  # evora and ray beside this Python
 RUN = ("hardware=multinode_cpu", "hardware.num_workers=1", "tracking.progress=false", *SMALL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def slurm_conf(folder: Path) -> str:

@@ -15,7 +15,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import jsonschema
 import pytest
 import yaml
 
+from conftest import free_port
 from evora.plan.jobs import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -498,12 +498,6 @@ def test_dockerignore_keeps_local_state_out():
 
 
 # --- launch/local_cluster.sh on this machine ----------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pids_naming(text: str) -> set[int]:
