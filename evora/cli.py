@@ -203,7 +203,7 @@ def eval_main(argv: list[str]) -> None:
         from evora.distributed.eval_job import run_evaluation, run_portfolio_evaluation
 
         if "benchmarks" in options:
-            return print(Path(benchmark(run, adapter, routed, options, Path(out))["paths"][0]).read_text(), end="")
+            return print(Path(benchmark(run, adapter, options, Path(out))["paths"][0]).read_text(), end="")
         plan = job_plan(run, overrides)
         if routed:
             assert adapter is not None
@@ -215,15 +215,15 @@ def eval_main(argv: list[str]) -> None:
     _print_eval(report)
 
 
-def benchmark(run: Any, adapter: str | None, routed: bool, options: dict[str, str], out: Path) -> dict[str, Any]:
+def benchmark(run: Any, adapter: str | None, options: dict[str, str], out: Path) -> dict[str, Any]:
     """`benchmarks=[a,b]`: lm-eval's tasks on the export and the base model (evora/jobs/benchmarks.py)."""
     from evora.distributed.worker_spec import engine_spec
     from evora.engines.environment import engine_environment
     from evora.jobs.benchmarks import run_benchmarks
     from evora.models import locate_model
 
-    if adapter is None or routed:
-        raise ConfigError("benchmarks=...: adapter= names a PEFT adapter or a model folder (not base or routing)")
+    if adapter is None:
+        raise ConfigError("benchmarks=...: adapter= names a PEFT adapter, a model folder or a routing.json")
     tasks = [t.strip() for t in options["benchmarks"].strip("[]").split(",") if t.strip()]
     limit = options.get("limit")
     if not tasks or (limit is not None and not limit.isdigit()):

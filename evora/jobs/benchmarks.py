@@ -4,11 +4,11 @@ its vLLM backend (the adapter as vLLM's LoRA) under engine=vllm, and its Hugging
 adapter through PEFT) under engine=hf, with the run's model, dtype, context length and seed.
 
 A table per task and metric: the base model, the adapter (or a whole model folder, EGGROLL's
-`model/`), their difference, and the difference's standard error from lm-eval's own standard
-errors of the two (as if independent: lm-eval reports no paired one). Written to
-`benchmarks.md` / `.json`. Relative data files of your own task YAMLs (`benchmarks_path`) are read
-from that folder, as task=lm_eval reads them. lm-eval is the optional extra `.[eval]`, imported
-only here."""
+`model/`, or a routing.json's default member), their difference, and the difference's standard
+error from lm-eval's own standard errors of the two (as if independent: lm-eval reports no paired
+one). Written to `benchmarks.md` / `.json`. Relative data files of your own task YAMLs
+(`benchmarks_path`) are read from that folder, as task=lm_eval reads them. lm-eval is the optional
+extra `.[eval]`, imported only here."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from evora.config.schema import VLLM_LORA_RANKS, RunConfig
+from evora.distributed.portfolio import read_routing
 from evora.engines.vllm_patches import install_cpu_distribution_name
 from evora.errors import ConfigError
 from evora.lora.peft_io import CONFIG_FILE as ADAPTER_CONFIG
@@ -40,10 +41,22 @@ class Subject:
     adapter: str | None = None
 
 
+def export_folder(export: str) -> tuple[Path, str]:
+    """The folder lm-eval loads for `export` and the table's name for it: itself, or a
+    routing.json's default member (lm-eval's documents carry no evora family to route by; the
+    default is the portfolio's single best member)."""
+    if not export.endswith(".json"):
+        return Path(export), export
+    portfolio = read_routing(export)
+    default = portfolio.routing["default"]
+    return portfolio.folders[portfolio.ids.index(default)], f"{export} (default member {default})"
+
+
 def subjects(run: RunConfig, export: str) -> tuple[Subject, Subject]:
-    """(the base model, the export): a PEFT adapter folder, or a whole model folder."""
+    """(the base model, the export): a PEFT adapter folder, a whole model folder, or a routed
+    portfolio's default member."""
     base = locate_model(run.model.path).path
-    folder = Path(export)
+    folder, _ = export_folder(export)
     if (folder / ADAPTER_CONFIG).is_file():
         return Subject("base", base), Subject("adapter", base, str(folder.resolve()))
     if (folder / "config.json").is_file():
@@ -164,7 +177,7 @@ def run_benchmarks(
     base, other = subjects(run, export)
     rows = compare(*(evaluate(run, s, tasks, include_path, limit) for s in (base, other)))
     report: dict[str, Any] = {
-        "export": export,
+        "export": export_folder(export)[1],
         "base_model": run.model.path,
         "backend": BACKENDS[run.engine.name],
         "tasks": tasks,

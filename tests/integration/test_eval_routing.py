@@ -159,3 +159,30 @@ def test_a_bad_routing_file_stops_the_real_cli_before_ray_starts(members):
     assert not any(ray_tmp.iterdir()), "Ray was started"
     assert not out.exists(), "a report folder was created"
     shutil.rmtree(ray_tmp)
+
+
+# --- benchmarks=[...] of a routing.json: lm-eval on its default member ----------------------------
+
+
+def test_benchmarks_of_a_routing_file_load_its_default_member(members):
+    from evora.jobs.benchmarks import subjects
+    from evora.plan.compose import compose_run
+
+    routing = routing_file(members, {**GOOD, "routing": {"addition": "o0", "default": "o1"}})
+    base, export = subjects(compose_run([]), str(routing))
+    assert (base.pretrained, base.adapter) == (export.pretrained, None)
+    assert (export.label, export.adapter) == ("adapter", str((members / "adapters" / "o1").resolve()))
+
+
+def test_benchmarks_of_a_bad_routing_file_are_one_line_naming_it(members, capsys):
+    from evora.cli import main
+
+    routing = routing_file(members, {**GOOD, "routing": {"addition": "o1"}})
+    with pytest.raises(SystemExit) as exited:
+        main(["eval", f"adapter={routing}", "benchmarks=[evora_addition]", f"out={members / 'out'}"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(lines) == 1, lines
+    assert (
+        lines[0]
+        == f'evora: error: adapter="{routing}": "routing" has no "default" member (families it does not name go there)'
+    )
