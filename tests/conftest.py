@@ -116,17 +116,29 @@ SMALL = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
-def cli_run(*args: str) -> tuple[Path, str]:
-    """Run evora once per distinct argument list; returns (run folder, stdout).
-
-    The cache is per process: under pytest-xdist (`make test`), tests that share a run carry
-    the same @pytest.mark.xdist_group so that they land in one worker and the run is made once.
-    """
+def fresh_run(*args: str) -> tuple[Path, str]:
+    """Run evora in a folder of its own; returns (run folder, stdout)."""
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
     result = run_evora([f"tracking.out_dir={out}", *args], cwd=out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return only_run_dir(out), result.stdout
+
+
+@functools.lru_cache(maxsize=None)
+def cli_run(*args: str) -> tuple[Path, str]:
+    """`fresh_run` once per distinct argument list.
+
+    The cache is per process: under pytest-xdist (`make test`), tests that share a run carry
+    the same @pytest.mark.xdist_group so that they land in one worker and the run is made once.
+    """
+    return fresh_run(*args)
+
+
+def resume_run(run_dir: Path, *overrides: str) -> str:
+    """`evora resume=<run_dir>` with `overrides`, from the folder the run went to; its stdout."""
+    result = run_evora([f"resume={run_dir}", *overrides], cwd=run_dir.parent)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return result.stdout
 
 
 def make_summary(

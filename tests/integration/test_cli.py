@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SMALL, cli_run, only_run_dir, run_evora
+from conftest import SMALL, cli_run, fresh_run, only_run_dir, resume_run, run_evora
 from evora.analysis import plots
 from evora.tracking.checkpoint import load
 from evora.tracking.metrics import read_metrics
@@ -129,13 +129,8 @@ def test_one_worker_resumed_on_two_gives_bitwise_the_run_of_two_workers_througho
     """Worker counts and resume in one: one worker for generations 1-2, resumed on two workers for
     generation 3, against two workers uninterrupted (hardware may change on resume)."""
     two, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    first = run_evora([f"tracking.out_dir={out}", *SMALL, "generations=2", "hardware.num_workers=1"], cwd=out)
-    assert first.returncode == 0, first.stderr[-4000:]
-    part = only_run_dir(out)
-    second = run_evora([f"resume={part}", "generations=3", "hardware.num_workers=2"], cwd=out)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed at generation 2" in second.stdout
+    part, _ = fresh_run(*SMALL, "generations=2", "hardware.num_workers=1")
+    assert "resumed at generation 2" in resume_run(part, "generations=3", "hardware.num_workers=2")
     assert_bitwise_equal(mean_adapter(part), mean_adapter(two))
     # and the run actually moved: the mean is not the initial adapter any more
     assert load(part / "checkpoints" / "latest.pt")["state"]["step"] == 3
@@ -277,12 +272,8 @@ GA = ["strategy=ga", *SMALL, "engine=hf"]  # the GA is the point: vLLM's part is
 def test_ga_is_deterministic_across_worker_counts_and_resume(tmp_path):
     """One worker for generations 1-2, resumed on two for generation 3: the two-worker run's elite and lineage."""
     two, _ = cli_run(*GA, "generations=3", "hardware.num_workers=2")
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    first = run_evora([f"tracking.out_dir={out}", *GA, "generations=2", "hardware.num_workers=1"], cwd=out)
-    assert first.returncode == 0, first.stderr[-4000:]
-    part = only_run_dir(out)
-    second = run_evora([f"resume={part}", "generations=3", "hardware.num_workers=2"], cwd=out)
-    assert second.returncode == 0, second.stderr[-4000:]
+    part, _ = fresh_run(*GA, "generations=2", "hardware.num_workers=1")
+    resume_run(part, "generations=3", "hardware.num_workers=2")
     assert_bitwise_equal(mean_adapter(part, "elite"), mean_adapter(two, "elite"))
     assert read_metrics(part, "lineage.jsonl") == read_metrics(two, "lineage.jsonl")
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from conftest import cli_run, only_run_dir, run_evora
+from conftest import cli_run, fresh_run, resume_run, run_evora
 from evora.tracking.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ecology-run")]
@@ -78,12 +77,8 @@ def test_analyze_draws_the_ecology_and_reports_it(two_workers, tmp_path):
 def test_one_and_two_workers_and_a_resumed_run_give_the_same_ecology(two_workers):
     two = two_workers[0]
     one, _ = cli_run(*ECOLOGY, "hardware.num_workers=1")
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    first = run_evora([f"tracking.out_dir={out}", *ECOLOGY[:-2], "generations=5", "eval_every=5"], cwd=out)
-    assert first.returncode == 0, first.stderr[-4000:]
-    part = only_run_dir(out)
-    second = run_evora([f"resume={part}", "generations=10"], cwd=out)
-    assert second.returncode == 0, second.stderr[-4000:]
+    part, _ = fresh_run(*ECOLOGY[:-2], "generations=5", "eval_every=5")
+    resume_run(part, "generations=10")
     reference = organelles(two)
     for other in (one, part):
         assert read_metrics(other, "episodes.jsonl") == read_metrics(two, "episodes.jsonl")

@@ -6,14 +6,13 @@ delta adapter loads in PEFT. (A killed worker: tests/integration/test_cluster.py
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SMALL, cli_run, only_run_dir, run_evora
+from conftest import SMALL, cli_run, fresh_run, resume_run
 from evora.lora.base_weights import read_weights
 from evora.tracking.metrics import read_metrics
 from evora.tracking.summary import read_summary
@@ -40,15 +39,9 @@ def test_one_worker_resumed_on_two_exports_bitwise_the_weights_of_two_workers_th
     (the resume replays the updates from the model's weights), resumed on two workers for
     generation 3, against two workers uninterrupted that snapshot every 2 generations."""
     two, stdout = cli_run(*EGGROLL, "generations=3", "hardware.num_workers=2")
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    args = (*EGGROLL, "strategy.snapshot_every=3", "hardware.num_workers=1", "generations=2")
-    first = run_evora([f"tracking.out_dir={out}", *args], cwd=out)
-    assert first.returncode == 0, first.stderr[-4000:]
-    part = only_run_dir(out)
+    part, _ = fresh_run(*EGGROLL, "strategy.snapshot_every=3", "hardware.num_workers=1", "generations=2")
     assert not list((part / "checkpoints").glob("weights_gen_*"))
-    second = run_evora([f"resume={part}", "generations=3", "hardware.num_workers=2"], cwd=out)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed at generation 2" in second.stdout
+    assert "resumed at generation 2" in resume_run(part, "generations=3", "hardware.num_workers=2")
     assert_bitwise_equal(exported(part), exported(two))
     assert [r["reward_mean"] for r in read_metrics(part)[1:]] == [r["reward_mean"] for r in read_metrics(two)[1:]]
     original = read_weights(tiny_path, [MOVED])[MOVED]

@@ -8,7 +8,6 @@ each one. (A killed worker: tests/integration/test_cluster.py.)"""
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SMALL, cli_run, only_run_dir, run_evora
+from conftest import SMALL, cli_run, fresh_run, resume_run
 from evora.lora.base_weights import read_weights
 from evora.tracking.metrics import read_metrics
 from evora.tracking.summary import read_summary
@@ -53,14 +52,9 @@ def test_one_worker_resumed_on_two_exports_bitwise_the_weights_of_two_workers_th
     resume replays the updates from the model's weights), resumed on two workers for generations
     3-4, against two workers uninterrupted."""
     two, stdout = cli_run(*TWO)
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    first = run_evora([f"tracking.out_dir={out}", *ES_FULL, "hardware.num_workers=1", "generations=2"], cwd=out)
-    assert first.returncode == 0, first.stderr[-4000:]
-    part = only_run_dir(out)
+    part, _ = fresh_run(*ES_FULL, "hardware.num_workers=1", "generations=2")
     assert not list((part / "checkpoints").glob("weights_gen_*"))
-    second = run_evora([f"resume={part}", "generations=4", "hardware.num_workers=2"], cwd=out)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed at generation 2" in second.stdout
+    assert "resumed at generation 2" in resume_run(part, "generations=4", "hardware.num_workers=2")
     assert_bitwise_equal(exported(part), exported(two))
     assert rewards(part) == rewards(two) and len(rewards(two)) == 4
     snapshot = "checkpoints/weights_gen_3.safetensors"  # written after the resume, from replayed weights

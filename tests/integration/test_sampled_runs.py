@@ -6,14 +6,13 @@ tests/integration/test_sampling_engines.py; a cell's seeds: tests/unit/test_samp
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SMALL, cli_run, only_run_dir, run_evora
+from conftest import SMALL, cli_run, fresh_run, resume_run, run_evora
 from evora.tracking.metrics import read_metrics
 from evora.tracking.summary import read_summary
 
@@ -72,11 +71,6 @@ def test_one_worker_resumed_on_two_samples_bitwise_the_run_of_two_workers_throug
     generation 2, samples what two workers sampled uninterrupted."""
     two, _ = cli_run(*SAMPLED, "hardware.num_workers=2")
     assert any(r["reward_std"] for r in read_metrics(two)[1:])  # candidates really differ
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    first = run_evora([f"tracking.out_dir={out}", *SAMPLED, "hardware.num_workers=1", "generations=1"], cwd=out)
-    assert first.returncode == 0, first.stderr[-4000:]
-    part = only_run_dir(out)
-    second = run_evora([f"resume={part}", "generations=2", "hardware.num_workers=2"], cwd=out)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed at generation 1" in second.stdout
+    part, _ = fresh_run(*SAMPLED, "hardware.num_workers=1", "generations=1")
+    assert "resumed at generation 1" in resume_run(part, "generations=2", "hardware.num_workers=2")
     assert_same_run(part, two)
