@@ -23,11 +23,11 @@ Cell = tuple[int, int]  # (row: the spec's position in the unit, column: the pro
 def evaluated_cells(specs: Sequence[Any], prompt_indices: Sequence[int]) -> np.ndarray:
     """[spec, prompt] bool: every cell, except where a spec names the prompts it is evaluated on."""
     mask = np.ones((len(specs), len(prompt_indices)), dtype=bool)
+    columns = np.asarray(prompt_indices, dtype=np.int64)
     for row, spec in enumerate(specs):
         routed = prompts_of(spec)
-        if routed is not None:
-            wanted = set(routed)
-            mask[row] = [index in wanted for index in prompt_indices]
+        if routed is not None:  # whole-array: a routed generation has as many prompts as specs
+            mask[row] = np.isin(columns, np.asarray(routed, dtype=np.int64))
     return mask
 
 
@@ -54,7 +54,7 @@ def requests_of(
     seed: Callable[[int, int, int], int],
 ) -> Requests:
     """Every evaluated cell's requests; `seed(row, column, sample)` seeds a sampled one."""
-    cells = [(row, col) for row in range(mask.shape[0]) for col in range(mask.shape[1]) if mask[row, col]]
+    cells = [(int(row), int(col)) for row, col in np.argwhere(mask)]  # row-major, evaluated cells only
     n = decoding.samples
     sampling = None
     if not decoding.greedy:
