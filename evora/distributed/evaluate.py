@@ -4,7 +4,7 @@ matrices, and the compute both spent."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ from evora.distributed.pool import WorkerPool
 from evora.distributed.worker import UnitResult, WorkUnit
 from evora.distributed.worker_spec import WorkerSpec
 from evora.lora.layout import AdapterLayout
-from evora.strategies.protocol import BASE, CENTER, CandidateSpec, EvalPayload, Tensors
+from evora.strategies.protocol import BASE, CENTER, CandidateSpec, EvalPayload, Tensors, prompts_of
 from evora.tasks.aggregate import pass_at_k
 from evora.tasks.decoding import eval_decoding
 from evora.tracking.compute import Spend
@@ -35,6 +35,53 @@ def search_units(specs: list, units: str, max_loras: int, workers: int) -> list[
     if units == "whole":
         return chunks(specs, max(1, -(-len(specs) // max(1, workers))))
     return chunks(specs, max_loras)
+
+
+def unit_prompts(specs: list, prompts: tuple[int, ...]) -> tuple[int, ...]:
+    """A unit's prompts: where every spec of it names its own (routed), those they name, so that
+    its cells, requests and results grow with what it evaluates, not with the generation's
+    prompts (the ecology: one episode per organelle); otherwise the generation's."""
+    routed = [prompts_of(spec) for spec in specs]
+    if not routed or any(r is None for r in routed):
+        return prompts
+    return tuple(sorted({i for r in routed if r is not None for i in r}))
+
+
+def widened(result: UnitResult, own: tuple[int, ...], prompts: tuple[int, ...]) -> UnitResult:
+    """A unit's result on its own prompts (`unit_prompts`) as one on the generation's: what
+    the worker returns for the whole row, the cells outside its prompts not evaluated."""
+    if own == prompts:
+        return result
+    position = {p: j for j, p in enumerate(prompts)}
+    columns = np.array([position[p] for p in own], dtype=np.int64)
+    shape = (len(result.indices), len(prompts))
+
+    def wide(values: np.ndarray | None, fill: Any) -> np.ndarray | None:
+        if values is None:
+            return None
+        out = np.full(shape, fill, dtype=values.dtype)
+        out[:, columns] = values
+        return out
+
+    evaluated = np.zeros(shape, dtype=bool)
+    evaluated[:, columns] = True if result.evaluated is None else result.evaluated
+    texts = None
+    if result.texts is not None:
+        texts = [[""] * len(prompts) for _ in result.indices]
+        for row, own_texts in zip(texts, result.texts):
+            for column, text in zip(columns, own_texts):
+                row[column] = text
+    return replace(
+        result,
+        rewards=wide(result.rewards, np.nan),
+        correct=wide(result.correct, False),
+        tokens=wide(result.tokens, 0),
+        perplexity=wide(result.perplexity, np.nan),
+        kl=wide(result.kl, np.nan),
+        correct_counts=wide(result.correct_counts, 0),
+        texts=texts,
+        evaluated=None if evaluated.all() else evaluated,
+    )
 
 
 def spend_of(results: list[UnitResult]) -> Spend:

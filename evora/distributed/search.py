@@ -18,7 +18,15 @@ import numpy as np
 import ray
 import torch
 
-from evora.distributed.evaluate import candidate_matrices, candidate_texts, row_means, search_units, spend_of
+from evora.distributed.evaluate import (
+    candidate_matrices,
+    candidate_texts,
+    row_means,
+    search_units,
+    spend_of,
+    unit_prompts,
+    widened,
+)
 from evora.distributed.full_weights import EngineWeights
 from evora.distributed.pool import WorkerPool
 from evora.distributed.recorder import Recorder
@@ -75,7 +83,10 @@ class PopulationSearch:
         parts, started = self.parts, time.perf_counter()
         specs, payload = parts.strategy.ask(state, generation)
         prompts = routed_prompts(specs) or prompt_batch(parts.plan, generation)
-        results = parts.pool.run(ray.put(payload), self._units(specs, prompts))
+        units = self._units(specs, prompts)
+        results = [
+            widened(r, u.prompt_indices, prompts) for r, u in zip(parts.pool.run(ray.put(payload), units), units)
+        ]
         changes = parts.pool.take_events()
         evaluated = time.perf_counter()
         keeps_texts = parts.keeps_texts
@@ -104,7 +115,7 @@ class PopulationSearch:
             WorkUnit(
                 tuple(c),
                 "train",
-                prompts,
+                unit_prompts(c, prompts),
                 keep_texts=texts,
                 perplexity=self.fitness.needs_perplexity,
                 kl=self.fitness.needs_kl,

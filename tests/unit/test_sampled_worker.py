@@ -1,13 +1,14 @@
 """A real worker on the transformers engine (no Ray) that samples: each cell's samples come
 from the seeds `sample_seed` names (checked by generating them again directly on the
-engine), every sample's tokens are counted, evaluations share one stream, and the same
-unit, whole or split, gives bitwise the same numbers."""
+engine), every sample's tokens are counted, evaluations share one stream, the same unit,
+whole or split, gives bitwise the same numbers, and so does a routed unit on its own prompts."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from evora.distributed.evaluate import unit_prompts, widened
 from evora.distributed.worker import EngineWorker, WorkUnit
 from evora.distributed.worker_spec import worker_spec
 from evora.engines import Sampling
@@ -97,3 +98,20 @@ def test_the_same_unit_whole_split_or_again_gives_bitwise_the_same_numbers(worke
         np.testing.assert_array_equal(whole.rewards[rows], other.rewards)
         np.testing.assert_array_equal(whole.correct_counts[rows], other.correct_counts)
         np.testing.assert_array_equal(whole.tokens[rows], other.tokens)
+
+
+def test_a_routed_unit_on_its_own_prompts_widened_is_the_unit_on_every_prompt(worker, payload):
+    """What the search does with routed specs (the ecology's): each unit evaluates only the
+    prompts its specs name, and the driver widens the result to the generation's prompts."""
+    routed = (CandidateSpec(0, 0, op=BASE, prompts=(1, 4)), CandidateSpec(0, 1, op=CENTER, prompts=(2, 4)))
+    own = unit_prompts(list(routed), INDICES)
+    whole = worker.evaluate(payload, WorkUnit(routed, "heldout", INDICES, keep_texts=True))
+    narrow = worker.evaluate(payload, WorkUnit(routed, "heldout", own, keep_texts=True))
+    assert own == (1, 2, 4) and narrow.rewards.shape == (2, 3)
+    wide = widened(narrow, own, INDICES)
+    for field in ("rewards", "correct", "tokens", "correct_counts", "evaluated"):
+        expected, got = getattr(whole, field), getattr(wide, field)
+        assert got.dtype == expected.dtype, field
+        np.testing.assert_array_equal(got, expected, err_msg=field)
+    assert wide.texts == whole.texts and wide.evaluated.sum() == 4
+    assert (wide.tokens_prompt, wide.tokens_generated) == (whole.tokens_prompt, whole.tokens_generated)
