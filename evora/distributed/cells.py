@@ -23,11 +23,11 @@ Cell = tuple[int, int]  # (row: the spec's position in the unit, column: the pro
 def evaluated_cells(specs: Sequence[Any], prompt_indices: Sequence[int]) -> np.ndarray:
     """[spec, prompt] bool: every cell, except where a spec names the prompts it is evaluated on."""
     mask = np.ones((len(specs), len(prompt_indices)), dtype=bool)
-    columns = np.asarray(prompt_indices, dtype=np.int64)
     for row, spec in enumerate(specs):
         routed = prompts_of(spec)
-        if routed is not None:  # whole-array: a routed generation has as many prompts as specs
-            mask[row] = np.isin(columns, np.asarray(routed, dtype=np.int64))
+        if routed is not None:
+            wanted = set(routed)
+            mask[row] = [index in wanted for index in prompt_indices]
     return mask
 
 

@@ -47,14 +47,22 @@ def unit_prompts(specs: list, prompts: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted({i for r in routed if r is not None for i in r}))
 
 
-def widened(result: UnitResult, own: tuple[int, ...], prompts: tuple[int, ...]) -> UnitResult:
-    """A unit's result on its own prompts (`unit_prompts`) as one on the generation's: what
-    the worker returns for the whole row, the cells outside its prompts not evaluated."""
-    if own == prompts:
-        return result
+def unit_columns(prompts: tuple[int, ...], units: list[WorkUnit]) -> list[np.ndarray | None]:
+    """Where each unit's prompts sit among the generation's `prompts` (None: they are all of them)."""
     position = {p: j for j, p in enumerate(prompts)}
-    columns = np.array([position[p] for p in own], dtype=np.int64)
-    shape = (len(result.indices), len(prompts))
+    return [
+        None if u.prompt_indices == prompts else np.array([position[p] for p in u.prompt_indices], dtype=np.int64)
+        for u in units
+    ]
+
+
+def widened(result: UnitResult, columns: np.ndarray | None, width: int) -> UnitResult:
+    """A unit's result on its own prompts (`unit_prompts`; `columns`: where they sit among the
+    generation's `width`) as one on the generation's: what the worker returns for whole rows,
+    the cells outside its prompts not evaluated."""
+    if columns is None:
+        return result
+    shape = (len(result.indices), width)
 
     def wide(values: np.ndarray | None, fill: Any) -> np.ndarray | None:
         if values is None:
@@ -67,7 +75,7 @@ def widened(result: UnitResult, own: tuple[int, ...], prompts: tuple[int, ...]) 
     evaluated[:, columns] = True if result.evaluated is None else result.evaluated
     texts = None
     if result.texts is not None:
-        texts = [[""] * len(prompts) for _ in result.indices]
+        texts = [[""] * width for _ in result.indices]
         for row, own_texts in zip(texts, result.texts):
             for column, text in zip(columns, own_texts):
                 row[column] = text

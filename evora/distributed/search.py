@@ -24,6 +24,7 @@ from evora.distributed.evaluate import (
     row_means,
     search_units,
     spend_of,
+    unit_columns,
     unit_prompts,
     widened,
 )
@@ -84,9 +85,8 @@ class PopulationSearch:
         specs, payload = parts.strategy.ask(state, generation)
         prompts = routed_prompts(specs) or prompt_batch(parts.plan, generation)
         units = self._units(specs, prompts)
-        results = [
-            widened(r, u.prompt_indices, prompts) for r, u in zip(parts.pool.run(ray.put(payload), units), units)
-        ]
+        wide = zip(parts.pool.run(ray.put(payload), units), unit_columns(prompts, units))
+        results = [widened(result, columns, len(prompts)) for result, columns in wide]
         changes = parts.pool.take_events()
         evaluated = time.perf_counter()
         keeps_texts = parts.keeps_texts

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evora.distributed.evaluate import unit_prompts, widened
+from evora.distributed.evaluate import unit_columns, unit_prompts, widened
 from evora.distributed.worker import EngineWorker, WorkUnit
 from evora.distributed.worker_spec import worker_spec
 from evora.engines import Sampling
@@ -108,7 +108,8 @@ def test_a_routed_unit_on_its_own_prompts_widened_is_the_unit_on_every_prompt(wo
     whole = worker.evaluate(payload, WorkUnit(routed, "heldout", INDICES, keep_texts=True))
     narrow = worker.evaluate(payload, WorkUnit(routed, "heldout", own, keep_texts=True))
     assert own == (1, 2, 4) and narrow.rewards.shape == (2, 3)
-    wide = widened(narrow, own, INDICES)
+    [columns] = unit_columns(INDICES, [WorkUnit(routed, "heldout", own)])
+    wide = widened(narrow, columns, len(INDICES))
     for field in ("rewards", "correct", "tokens", "correct_counts", "evaluated"):
         expected, got = getattr(whole, field), getattr(wide, field)
         assert got.dtype == expected.dtype, field

@@ -64,8 +64,12 @@ def learn(
     """Each probed organelle's antithetic ES step, 1/(N sigma) sum_i w_i sign_i eps_i (w: z-scored
     fitness), applied in place; returns each stepped organelle's step norm."""
     norms = {}
+    probes_of: dict[int, list[EcoSpec]] = {}  # organelle position -> its probes, in spec order
+    for spec in specs:
+        if spec.op == PROBE:
+            probes_of.setdefault(spec.organelle, []).append(spec)
     for position, organelle in enumerate(organelles):
-        probes = [s for s in specs if s.op == PROBE and s.organelle == position]
+        probes = probes_of.get(position)
         if not probes:
             continue
         weights = zscore(np.array([results.fitness[s.index] for s in probes]))
