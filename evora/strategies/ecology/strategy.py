@@ -112,7 +112,8 @@ class Ecology:
 
     def center(self, state: EcologyState) -> Tensors:
         """The best single organelle: the highest mean ROI over its recent episodes (ties: the oldest)."""
-        return next(Organelle(**o) for o in state.organelles if o["id"] == self.train_routing(state)["default"]).adapter
+        default = self.train_routing(state)["default"]
+        return next(Organelle(**o) for o in state.organelles if o["id"] == default).adapter
 
     def members(self, state: EcologyState) -> tuple[list[str], list[Tensors]]:
         """The living organelles' ids and adapters: the routed portfolio's candidates."""
