@@ -64,12 +64,13 @@ def widened(result: UnitResult, columns: np.ndarray | None, width: int) -> UnitR
         return result
     shape = (len(result.indices), width)
 
-    def wide(values: np.ndarray | None, fill: Any) -> np.ndarray | None:
-        if values is None:
-            return None
+    def wide(values: np.ndarray, fill: Any) -> np.ndarray:
         out = np.full(shape, fill, dtype=values.dtype)
         out[:, columns] = values
         return out
+
+    def wide_or_none(values: np.ndarray | None, fill: Any) -> np.ndarray | None:
+        return None if values is None else wide(values, fill)
 
     evaluated = np.zeros(shape, dtype=bool)
     evaluated[:, columns] = True if result.evaluated is None else result.evaluated
@@ -84,9 +85,9 @@ def widened(result: UnitResult, columns: np.ndarray | None, width: int) -> UnitR
         rewards=wide(result.rewards, np.nan),
         correct=wide(result.correct, False),
         tokens=wide(result.tokens, 0),
-        perplexity=wide(result.perplexity, np.nan),
-        kl=wide(result.kl, np.nan),
-        correct_counts=wide(result.correct_counts, 0),
+        perplexity=wide_or_none(result.perplexity, np.nan),
+        kl=wide_or_none(result.kl, np.nan),
+        correct_counts=wide_or_none(result.correct_counts, 0),
         texts=texts,
         evaluated=None if evaluated.all() else evaluated,
     )
