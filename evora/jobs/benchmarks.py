@@ -52,16 +52,15 @@ def export_folder(export: str) -> tuple[Path, str]:
     return portfolio.folders[portfolio.ids.index(default)], f"{export} (default member {default})"
 
 
-def subjects(run: RunConfig, export: str) -> tuple[Subject, Subject]:
-    """(the base model, the export): a PEFT adapter folder, a whole model folder, or a routed
-    portfolio's default member."""
+def subjects(run: RunConfig, folder: Path) -> tuple[Subject, Subject]:
+    """(the base model, the export): a PEFT adapter folder or a whole model folder (a routed
+    portfolio's default member: `export_folder`)."""
     base = locate_model(run.model.path).path
-    folder, _ = export_folder(export)
     if (folder / ADAPTER_CONFIG).is_file():
         return Subject("base", base), Subject("adapter", base, str(folder.resolve()))
     if (folder / "config.json").is_file():
         return Subject("base", base), Subject("model", str(folder.resolve()))
-    raise ConfigError(f"adapter={export}: neither a PEFT adapter folder nor a model folder (for benchmarks)")
+    raise ConfigError(f"adapter={folder}: neither a PEFT adapter folder nor a model folder (for benchmarks)")
 
 
 def model_args(run: RunConfig, backend: str, subject: Subject) -> dict[str, Any]:
@@ -174,10 +173,11 @@ def run_benchmarks(
     """Both evaluations, the table, and benchmarks.md / .json in `out`."""
     from lm_eval import __version__ as lm_eval_version
 
-    base, other = subjects(run, export)
+    folder, name = export_folder(export)  # a routing.json read once
+    base, other = subjects(run, folder)
     rows = compare(*(evaluate(run, s, tasks, include_path, limit) for s in (base, other)))
     report: dict[str, Any] = {
-        "export": export_folder(export)[1],
+        "export": name,
         "base_model": run.model.path,
         "backend": BACKENDS[run.engine.name],
         "tasks": tasks,

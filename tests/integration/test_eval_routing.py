@@ -165,11 +165,11 @@ def test_a_bad_routing_file_stops_the_real_cli_before_ray_starts(members):
 
 
 def test_benchmarks_of_a_routing_file_load_its_default_member(members):
-    from evora.jobs.benchmarks import subjects
+    from evora.jobs.benchmarks import export_folder, subjects
     from evora.plan.compose import compose_run
 
     routing = routing_file(members, {**GOOD, "routing": {"addition": "o0", "default": "o1"}})
-    base, export = subjects(compose_run([]), str(routing))
+    base, export = subjects(compose_run([]), export_folder(str(routing))[0])
     assert (base.pretrained, base.adapter) == (export.pretrained, None)
     assert (export.label, export.adapter) == ("adapter", str((members / "adapters" / "o1").resolve()))
 
