@@ -115,6 +115,7 @@ class HardwareConfig:
     worker_replacements: int = 8  # lost engine workers replaced per run (then the pool goes on smaller)
     gpu_memory_utilization: float = 0.05
     gpu_memory_gib: Optional[float] = None  # each GPU's memory (None: read from a GPU here, if any)
+    master_weights: str = "auto"  # full-weight strategies' fp32 copies: auto (on the GPU when they fit) | device | host
     kv_cache_gib: int = 1
     dashboard: bool = False
     trial_cpus: float = 1.0  # PBT: CPUs each training trial reserves

@@ -86,6 +86,7 @@ class Driver:
                 self.run_tag,
                 max_lora_rank=engine_rank(layout),
                 resolved=(self.plan.task, self.plan.splits),
+                master_device=self.plan.master_device,
             ),
             self.run_cfg.hardware,
             name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}",

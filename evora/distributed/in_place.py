@@ -1,8 +1,10 @@
 """Candidates that perturb the engine's own weights (the ES paper's algorithm, es_full):
-one after another, each spec's weights are set from the fp32 master copies plus its
-perturbation, its requests generated, and the weights set back by casting the master
-copies again, so after every candidate the engine holds bitwise what it held before
-(subtracting the noise in low precision would drift)."""
+one after another, the engine sets each spec's weights from the fp32 master copies plus its
+perturbation, drawn from seeds inside the engine (`Engine.perturb_base`), and generates its
+requests. A candidate's weights overwrite every perturbed matrix whole, so the next candidate
+needs no restore first; before any other spec and after the unit the weights are set back by
+casting the master copies again, so the engine ends bitwise as it started (subtracting the
+noise in low precision would drift)."""
 
 from __future__ import annotations
 
@@ -32,23 +34,28 @@ def complete_in_place(
     rows = requests.rows()
     out: list[Completion | None] = [None] * len(rows)
     kl: list[list[float]] = [[] for _ in rows]
-    for row, spec in enumerate(specs):
-        indices = [i for i, r in enumerate(rows) if r == row]
-        if not indices:
-            continue
-        sampling = None if requests.sampling is None else [requests.sampling[i] for i in indices]
-        prompts = [requests.prompts[i] for i in indices]
-        if spec.op == PERTURB:
-            engine.set_base_weights(strategy.perturbed(master, payload, spec))
-        try:
+    perturbed = False  # whether the engine holds a candidate's weights now
+    try:
+        for row, spec in enumerate(specs):
+            indices = [i for i, r in enumerate(rows) if r == row]
+            if not indices:
+                continue
+            if spec.op == PERTURB:
+                engine.perturb_base(master.tensors, strategy.perturbation(payload, spec))
+                perturbed = True
+            elif perturbed:
+                engine.set_base_weights(master.tensors)  # exactly the master again, cast as at the sync
+                perturbed = False
+            sampling = None if requests.sampling is None else [requests.sampling[i] for i in indices]
+            prompts = [requests.prompts[i] for i in indices]
             completions = engine.generate(prompts, [None] * len(indices), max_tokens, sampling)
             if kl_base is not None:
                 ids = [list(c.token_ids) for c in completions]
                 for i, values in zip(indices, engine.kl_to_base(prompts, ids, [None] * len(indices), kl_base)):
                     kl[i] = values
-        finally:
-            if spec.op == PERTURB:
-                engine.set_base_weights(master.tensors)  # exactly the master again, cast as at the sync
-        for i, completion in zip(indices, completions):
-            out[i] = completion
+            for i, completion in zip(indices, completions):
+                out[i] = completion
+    finally:
+        if perturbed:
+            engine.set_base_weights(master.tensors)
     return [c for c in out if c is not None], None if kl_base is None else kl

@@ -130,6 +130,7 @@ class EngineWorker:
         self.scratch = AdapterScratch(spec.adapter_dir, spec.run_tag)
         self.model, self.revision = spec.engine.model, spec.engine.revision
         self.master: MasterWeights | None = None  # full-weight strategies: fp32 copies of the selected matrices
+        self.master_device = spec.master_device  # where they live, and their noise is drawn
         self._original: Tensors | None = None  # full-weight strategies: the model's own selected matrices (KL)
         self.in_place = spec.strategy is not None and get_strategy(spec.strategy.name).in_place
         self.run_seed = spec.seed
@@ -360,9 +361,10 @@ class EngineWorker:
     def _master_at(self, snapshot: Tensors | None, generation: int) -> MasterWeights:
         transposed = transposed_matrices(self.layout)
         if snapshot is not None:
-            return MasterWeights.from_snapshot(snapshot, generation, transposed)
+            return MasterWeights.from_snapshot(snapshot, generation, transposed).to(self.master_device)
         names = [matrix_name(slot.name) for slot in self.layout.modules]
-        return self._full_weight().start_master(read_weights(self.model, names, self.revision), transposed)
+        weights = read_weights(self.model, names, self.revision)
+        return self._full_weight().start_master(weights, transposed).to(self.master_device)
 
     def master_weights(self) -> Tensors:
         """The master copies (and optimizer moments), for a snapshot or the export."""

@@ -36,6 +36,7 @@ class WorkerSpec:
     strategy: Any = None
     # The task and its splits as the run plan resolved them; None: the worker builds them from `task`.
     resolved: tuple[Task, Splits] | None = None
+    master_device: str = "cpu"  # where a full-weight strategy's fp32 master copies live (RunPlan.master_device)
 
 
 def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = None) -> EngineSpec:
@@ -96,6 +97,7 @@ def worker_spec(
     with_strategy: bool = True,
     max_lora_rank: int | None = None,
     resolved: tuple[Task, Splits] | None = None,
+    master_device: str = "cpu",
 ) -> WorkerSpec:
     # The engine wraps the modules the layout targets (PBT: the union over its search space).
     engine = replace(engine_spec(run, model_path, max_lora_rank), lora_target_modules=tuple(layout.target_modules))
@@ -110,6 +112,7 @@ def worker_spec(
         run_tag,
         run.strategy if with_strategy else None,
         resolved,
+        master_device,
     )
 
 

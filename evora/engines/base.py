@@ -14,6 +14,8 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 
+from evora.lora.noise import DenseNoise
+
 
 @dataclass(frozen=True)
 class AdapterRef:
@@ -133,5 +135,11 @@ class Engine(Protocol):
         Adapters loaded afterwards apply on top of the new weights. vLLM implements it
         through a worker extension (`collective_rpc`), handling fused qkv / gate_up layouts
         and tensor-parallel shards."""
+
+    def perturb_base(self, master: Mapping[str, torch.Tensor], noise: Sequence[DenseNoise]) -> None:
+        """Set each named base weight to master[name] + scale * eps, cast to the engine's dtype,
+        eps the term's seeded N(0, I) drawn on master[name]'s device (`lora.noise.perturb_into`):
+        the candidates of strategy=es_full, set from seeds inside the engine, without a dense
+        matrix passed in. `set_base_weights(master)` sets them back exactly."""
 
     def shutdown(self) -> None: ...

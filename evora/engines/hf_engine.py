@@ -18,6 +18,7 @@ import torch
 
 from evora.engines.base import AdapterRef, Completion, EngineSpec, Sampling, per_request
 from evora.engines.sampling import SeededSampler
+from evora.lora.noise import DenseNoise, in_parallel, perturb_into, perturbed_on
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -264,6 +265,20 @@ class HFEngine:
             if tuple(value.shape) != tuple(parameter.shape):
                 raise ValueError(f"{name}: shape {tuple(value.shape)}, the model has {tuple(parameter.shape)}")
             parameter.copy_(value.to(device=parameter.device, dtype=parameter.dtype))
+
+    @torch.no_grad()
+    def perturb_base(self, master: Mapping[str, torch.Tensor], noise: Sequence[DenseNoise]) -> None:
+        def perturb(term: DenseNoise) -> None:
+            parameter = self._base_parameter(term.name)
+            base = master[term.name]
+            if tuple(base.shape) != tuple(parameter.shape):
+                raise ValueError(f"{term.name}: shape {tuple(base.shape)}, the model has {tuple(parameter.shape)}")
+            if base.device != parameter.device:  # master copies on the host: noise drawn there
+                parameter.copy_(perturbed_on(base, term))
+            else:
+                perturb_into(parameter.data, base, term.key, term.scale)
+
+        in_parallel(perturb, list(noise), self.device)
 
     def shutdown(self) -> None:
         del self.model, self.peft

@@ -33,6 +33,7 @@ from evora.engines.base import AdapterRef, Completion, EngineSpec, Sampling, per
 from evora.engines.environment import vllm_environment
 from evora.engines.sampling import vllm_sampling_params
 from evora.engines.vllm_weights import EXTENSION, check_vllm
+from evora.lora.noise import DenseNoise, perturbed_on
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class VLLMEngine:
         self.ignore_eos = spec.ignore_eos
         self.grouped_cpu_lora = False
         self.device = spec.device
+        self.tensor_parallel_size = spec.tensor_parallel_size
         missing = {k: v for k, v in vllm_environment(spec).items() if os.environ.get(k) != v}
         if missing:  # (worker actors get it through Ray's runtime_env)
             log.warning("vLLM engine started without %s in its environment (see vllm_environment)", missing)
@@ -262,6 +264,14 @@ class VLLMEngine:
 
     def set_base_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         self.llm.collective_rpc("evora_set_base_weights", args=(dict(weights),))
+
+    def perturb_base(self, master: Mapping[str, torch.Tensor], noise: Sequence[DenseNoise]) -> None:
+        if self.tensor_parallel_size == 1:  # in this process: `master` passes by reference
+            self.llm.collective_rpc("evora_perturb_base", args=(master, list(noise)))
+            return
+        # Tensor-parallel ranks are processes of their own: each would be sent the master copies.
+        # They are sent the candidate's matrices instead (each rank's weight_loader keeps its shard).
+        self.set_base_weights({term.name: perturbed_on(master[term.name], term) for term in noise})
 
     def shutdown(self) -> None:
         del self.llm

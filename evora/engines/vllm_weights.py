@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 
 from evora.engines.vllm_patches import WRITTEN_FOR
+from evora.lora.noise import DenseNoise, in_parallel, perturb_into, perturbed_on
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -64,6 +65,31 @@ class BaseWeightsExtension:
             dense = self._evora_dense(layer, fused)
             dense[offset : offset + size].copy_(value.to(device=dense.device, dtype=dense.dtype))
             touched[fused] = layer
+        if _on_cpu():
+            for fused, layer in touched.items():
+                _repack(layer, self._evora_dense_copies[fused])
+
+    def evora_perturb_base(self, master: Mapping[str, torch.Tensor], noise: Sequence[DenseNoise]) -> None:
+        """Each term's rows <- master + scale * eps (`Engine.perturb_base`), drawn and written
+        in place on the device, matrices at once over the threads on a CPU. Tensor-parallel
+        size 1 only (`VLLMEngine.perturb_base`): `master` is the worker's own, passed by reference."""
+        touched: dict[str, Any] = {}
+
+        def perturb(term: DenseNoise) -> None:
+            layer, fused, offset, size, _ = self._evora_locate(term.name)
+            base = master[term.name]
+            if tuple(base.shape) != (size, layer.input_size):
+                raise ValueError(f"{term.name}: shape {tuple(base.shape)}, the model has {(size, layer.input_size)}")
+            rows = self._evora_dense(layer, fused)[offset : offset + size]
+            if base.device != rows.device:  # master copies on the host: noise drawn there
+                rows.copy_(perturbed_on(base, term))
+            else:
+                perturb_into(rows, base, term.key, term.scale)
+            touched[fused] = layer
+
+        for term in noise:  # the dense copies of a CPU engine are made one at a time, before the threads
+            self._evora_dense(*self._evora_locate(term.name)[:2])
+        in_parallel(perturb, list(noise), next(iter(master.values())).device if master else "cpu")
         if _on_cpu():
             for fused, layer in touched.items():
                 _repack(layer, self._evora_dense_copies[fused])

@@ -1,14 +1,39 @@
 """Seeded Gaussian noise, a pure function of (run seed, generation, member, tensor name).
 
-Every tensor gets its own generator, so tensors of equal shape never share noise, and
-any worker rebuilds exactly the candidate the driver means.
+Every tensor gets its own generator, so tensors of equal shape never share noise, and any
+worker rebuilds exactly the candidate the driver means.
+
+Where it is drawn (docs/architecture.md, "Determinism rules"): on the device that uses it. A
+CUDA tensor's stream comes from a CUDA generator (Philox), in milliseconds; a CPU tensor's from
+a CPU generator (mt19937), and since each tensor has a stream of its own, many tensors are drawn
+at once over the process's threads (`in_parallel`), bitwise what one thread draws. The two
+devices draw different numbers from the same key: determinism is promised per device class
+(the CPU, or one GPU model).
+
+A CPU stream may also be drawn in pieces (`Stream`): a contiguous fp32 draw of n >= 16 values
+consumes the generator one value at a time and transforms blocks of 16, so pieces of a multiple
+of 16 values (the last one at least 16) are bitwise one whole draw (tests/unit/test_noise.py).
+Pieces keep a big matrix's noise in the cache while it is used, and no full-size buffer exists.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+# Values a CPU piece holds: a multiple of 16 (see the module) and of any vector width, 256 KiB
+# of fp32, which stays in a core's L2 while the piece is drawn and used. Elementwise ops on it
+# split over torch's intra-op threads only above its grain size (32,768 values), a few times a
+# piece: threads that draw different tensors barely contend.
+PIECE = 65536
 
 
 def noise_key(*parts: object) -> int:
@@ -17,16 +42,124 @@ def noise_key(*parts: object) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def gaussian(key: int, shape: tuple[int, ...]) -> torch.Tensor:
-    generator = torch.Generator(device="cpu").manual_seed(key)
-    return torch.randn(shape, generator=generator, dtype=torch.float32)
+def generator(key: int, device: str | torch.device = "cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(key)
+
+
+def gaussian(key: int, shape: tuple[int, ...], device: str | torch.device = "cpu") -> torch.Tensor:
+    """N(0, I) fp32 of `shape`, drawn on `device` from the key's own generator."""
+    return torch.randn(shape, generator=generator(key, device), dtype=torch.float32, device=device)
 
 
 def gaussian_into(key: int, out: torch.Tensor) -> None:
-    """`gaussian(key, out.shape)` written into `out` (contiguous fp32 on the CPU): the same values,
-    without a tensor of their own."""
-    torch.randn(out.shape, generator=torch.Generator(device="cpu").manual_seed(key), out=out)
+    """`gaussian(key, out.shape, out.device)` written into `out` (contiguous fp32): the same
+    values, without a tensor of their own."""
+    torch.randn(out.shape, generator=generator(key, out.device), out=out)
 
 
 def member_noise(run_seed: int, generation: int, member: int, tensor_name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return gaussian(noise_key(run_seed, "noise", generation, member, tensor_name), shape)
+
+
+# --- many tensors at once --------------------------------------------------------------------
+
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (process id, threads, executor)
+
+
+def _executor(threads: int) -> ThreadPoolExecutor:
+    """The process's noise threads (a forked child starts its own: its parent's are not its)."""
+    global _pool
+    if _pool is None or _pool[:2] != (os.getpid(), threads):
+        _pool = (os.getpid(), threads, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="evora-noise"))
+    return _pool[2]
+
+
+def in_parallel(work: Callable[[T], U], items: Sequence[T], device: str | torch.device = "cpu") -> list[U]:
+    """`[work(item) for item in items]`, in order. On the CPU the items run at once over the
+    process's threads (torch.get_num_threads()): each item's noise has its own generator, so
+    the results are bitwise those of one thread. Elsewhere the device parallelises each op."""
+    threads = torch.get_num_threads()
+    if torch.device(device).type != "cpu" or threads <= 1 or len(items) <= 1:
+        return [work(item) for item in items]
+    return list(_executor(threads).map(work, items))
+
+
+@dataclass(frozen=True)
+class DenseNoise:
+    """One matrix's dense perturbation, by seed: its weight becomes master + scale * eps, eps the
+    key's N(0, I) in the master's shape, drawn on the master's device (`perturb_into`)."""
+
+    name: str  # the matrix's checkpoint name
+    key: int  # its generator's seed (noise_key)
+    scale: float
+
+
+# --- a CPU stream in pieces ------------------------------------------------------------------
+
+
+def pieces(numel: int, piece: int = PIECE) -> Iterator[tuple[int, int]]:
+    """(start, stop) of a flat tensor's pieces: `piece` values each, the last one at least 16
+    (a shorter tail joins the piece before it), so that they draw bitwise one whole draw."""
+    start = 0
+    while start < numel:
+        stop = min(start + piece, numel)
+        if 0 < numel - stop < 16:
+            stop = numel
+        yield start, stop
+        start = stop
+
+
+class Stream:
+    """One key's N(0, 1) values on the CPU, drawn in order a piece at a time into `buffer`."""
+
+    def __init__(self, key: int):
+        self.generator = generator(key)
+
+    def next_into(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.randn(out.shape, generator=self.generator, out=out)
+
+
+def perturb_into(target: torch.Tensor, base: torch.Tensor, key: int, scale: float) -> None:
+    """target <- base + scale * eps (eps: the key's noise in base's shape, drawn on base's
+    device), cast to target's dtype: bitwise `(gaussian(key, shape) * scale + base).to(dtype)`,
+    each value rounded in fp32 after the product and after the sum. On the CPU piece by piece
+    (no full-size noise tensor); `base` fp32, both contiguous."""
+    if base.device.type != "cpu" or base.numel() < 16:
+        eps = gaussian(key, tuple(base.shape), base.device)
+        target.copy_(eps.mul_(scale).add_(base))
+        return
+    flat_base, flat_target, stream = base.view(-1), target.view(-1), Stream(key)
+    buffer = torch.empty(min(PIECE + 15, base.numel()), dtype=torch.float32)
+    for start, stop in pieces(base.numel(), PIECE):
+        eps = stream.next_into(buffer[: stop - start]).mul_(scale)
+        # The sum in fp32, cast as it is written: bitwise the sum, then `.to(dtype)`.
+        torch.add(eps, flat_base[start:stop], out=flat_target[start:stop])
+
+
+def perturbed_on(base: torch.Tensor, term: DenseNoise) -> torch.Tensor:
+    """base + scale * eps in fp32 on base's device: the noise drawn where the master copies are."""
+    out = torch.empty_like(base)
+    perturb_into(out, base, term.key, term.scale)
+    return out
+
+
+def weighted_sum(
+    terms: Sequence[tuple[int, float]], shape: tuple[int, ...], device: str | torch.device = "cpu"
+) -> torch.Tensor:
+    """sum_m c_m eps_m over (key, c_m) terms, fp32, in the terms' order (acc += c_m eps_m, each
+    term rounded as `torch.add_(alpha=c_m)` rounds it); drawn on `device`. On the CPU piece by
+    piece: every term's stream advances together, so the noise never exists at full size."""
+    total = torch.zeros(shape, dtype=torch.float32, device=device)
+    numel = total.numel()
+    if torch.device(device).type != "cpu" or numel < 16:
+        for key, coefficient in terms:
+            total.add_(gaussian(key, shape, device), alpha=coefficient)
+        return total
+    streams = [(Stream(key), coefficient) for key, coefficient in terms]
+    flat = total.view(-1)
+    buffer = torch.empty(min(PIECE + 15, numel), dtype=torch.float32)
+    for start, stop in pieces(numel, PIECE):
+        acc = flat[start:stop]
+        for stream, coefficient in streams:
+            acc.add_(stream.next_into(buffer[: stop - start]), alpha=coefficient)
+    return total

@@ -48,6 +48,32 @@ def device_memory(run: RunConfig) -> tuple[str, int | None]:
     return "one GPU (none here: set hardware.gpu_memory_gib to check)", None
 
 
+# What the GPU must keep free beside the engine's share and the master copies: the CUDA context,
+# activations outside vLLM's pool, one matrix's update step and the fingerprint's blocks.
+MASTER_MARGIN = 2 * GIB
+
+
+def master_device(run: RunConfig, memory: Any) -> str:
+    """Where a full-weight strategy's fp32 master copies live on each worker: `cuda`, beside the
+    engine, when they fit in what it leaves of the GPU (vLLM: 1 - hardware.gpu_memory_utilization;
+    transformers: the GPU less its weights and LoRA slots), with MASTER_MARGIN to spare; else
+    `cpu` (the host). Their noise is drawn where they are (lora/noise.py): `device` and `host`
+    choose, for runs that must draw as others did."""
+    place = run.hardware.master_weights
+    if memory.master == 0 or run.hardware.gpus_per_worker == 0 or place == "host":
+        return "cpu"
+    if place == "device":
+        return "cuda"
+    _, total = device_memory(run)
+    if total is None:
+        return "cpu"  # no GPU here and no hardware.gpu_memory_gib: the safe place
+    if run.engine.name == "vllm":
+        left = total * (1 - run.hardware.gpu_memory_utilization)
+    else:
+        left = total - memory.weights - memory.lora_slots
+    return "cuda" if memory.master + MASTER_MARGIN <= left else "cpu"
+
+
 def memory_need(run: RunConfig, memory: Any) -> tuple[int, int]:
     """(bytes needed, bytes available) on the device the check compares with; 0 available: unknown."""
     _, total = device_memory(run)

@@ -46,6 +46,7 @@ class RunPlan:
     task: Task
     splits: Splits
     matched_usage: dict[str, float] | None  # the search usage of the run strategy.match names
+    master_device: str = "cpu"  # a full-weight strategy's fp32 master copies: cuda (beside the engine) | cpu
 
     @property
     def entry(self) -> StrategyEntry:
@@ -83,9 +84,10 @@ def build_plan(run: RunConfig) -> RunPlan:
         )
     check_layers(run, modules)
     layout = model_layout(run, modules, location.path)
-    from evora.plan.fit import check_fits, plan_memory
+    from evora.plan.fit import check_fits, master_device, plan_memory
 
-    check_fits(run, plan_memory(run, modules, layout))
+    memory = plan_memory(run, modules, layout)
+    check_fits(run, memory)
     task = build_task(run.task, run.seed)
     check_answers(run, task)
     return RunPlan(
@@ -97,6 +99,7 @@ def build_plan(run: RunConfig) -> RunPlan:
         task,
         task_splits(run, task),
         matched_usage(run.strategy),
+        master_device(run, memory),
     )
 
 

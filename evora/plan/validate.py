@@ -239,6 +239,10 @@ def _check_hardware(run: RunConfig) -> None:
         "must be in (0, 1]",
     )
     require(hw.kv_cache_gib >= 0, "hardware.kv_cache_gib", hw.kv_cache_gib, "must be >= 0")
+    choice("hardware.master_weights", hw.master_weights, MASTER_PLACES)
+
+
+MASTER_PLACES = ("auto", "device", "host")
 
 
 def _check_tracking(run: RunConfig) -> None:

@@ -7,10 +7,15 @@ driver holds no weights: every worker keeps fp32 `MasterWeights` of the selected
 and applies the same updates from seeds and fitness:
 
     update = strategy.update_of(state, generation)   # small, plain data: what follows `generation`
-    norm = strategy.apply(master, update)            # in place, on every worker, bit for bit the same
+    norm = strategy.apply(master, update)            # in place, where the copies are, on every worker bit for bit
     master = strategy.start_master(tensors, transposed)  # from the checkpoint's matrices (fp32), as stored
     strategy.perturbation_rank, strategy.snapshot_every   # candidates' LoRA rank; generations between snapshots
-    strategy.master_bytes(layout)                     # host memory of a worker's master copies (stated at the start)
+    strategy.master_bytes(layout)                     # memory of a worker's master copies (the plan places them)
+
+The master copies live on the engine's device when they fit beside it, on the host otherwise
+(the run plan decides: `RunPlan.master_device`), and every noise draw of the update is made
+there: workers agree bit for bit within one device class (docs/architecture.md, "Determinism
+rules").
 
 `distributed/full_weights.py` runs this on the workers, checks that their weights agree,
 snapshots them, and exports them.
@@ -27,6 +32,7 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
+from evora.lora.noise import DenseNoise
 from evora.strategies.checks import require
 from evora.strategies.protocol import CandidateSpec, GenerationResults, Strategy
 from evora.strategies.shaping import shaping_input
@@ -43,22 +49,41 @@ class MasterWeights:
     adam_v: Tensors | None = None
     transposed: frozenset[str] = frozenset()  # names stored [in, out] as the checkpoint has them (GPT-2's Conv1D)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the copies live (the plan's choice: the engine's device when they fit beside it)."""
+        return next(iter(self.tensors.values())).device if self.tensors else torch.device("cpu")
+
     def checksum(self) -> str:
+        """A digest of every value's bits, computed where they are (`fingerprint`): workers
+        compare their weights without copying them off the device."""
         digest = hashlib.blake2b(digest_size=16)
         for group in (self.tensors, self.adam_m or {}, self.adam_v or {}):
             for name in sorted(group):
                 digest.update(name.encode())
-                digest.update(group[name].contiguous().view(torch.uint8).numpy().data)  # no copy
+                digest.update(fingerprint(group[name]).to_bytes(8, "little", signed=True))
         return digest.hexdigest()
+
+    def to(self, device: str | torch.device) -> "MasterWeights":
+        """The same copies on `device` (itself when they are there already)."""
+        if self.device == torch.device(device):
+            return self
+
+        def moved(group: Tensors | None) -> Tensors | None:
+            return None if group is None else {k: v.to(device) for k, v in group.items()}
+
+        tensors = moved(self.tensors)
+        assert tensors is not None
+        return MasterWeights(tensors, self.generation, moved(self.adam_m), moved(self.adam_v), self.transposed)
 
     def finite(self) -> bool:
         return all(bool(torch.isfinite(t).all()) for t in self.tensors.values())
 
     def snapshot(self) -> Tensors:
-        """Every tensor, flat (moments prefixed), for one safetensors file."""
-        out = dict(self.tensors)
+        """Every tensor on the CPU, flat (moments prefixed), for one safetensors file."""
+        out = {k: v.cpu() for k, v in self.tensors.items()}
         for prefix, group in (("adam_m/", self.adam_m), ("adam_v/", self.adam_v)):
-            out.update({prefix + k: v for k, v in (group or {}).items()})
+            out.update({prefix + k: v.cpu() for k, v in (group or {}).items()})
         return out
 
     @classmethod
@@ -68,6 +93,37 @@ class MasterWeights:
         plain = {k: v.clone() for k, v in tensors.items() if "/" not in k}
         m, v = ({k[len(p) :]: t.clone() for k, t in tensors.items() if k.startswith(p)} for p in ("adam_m/", "adam_v/"))
         return cls(plain, generation, m or None, v or None, transposed)
+
+
+# Rows of a fingerprint's block: 2**20 values each, weighted by odd int64 constants.
+FINGERPRINT_ROW = 1 << 20
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
+
+
+def _odd_weights(count: int, device: torch.device, salt: int = 0) -> torch.Tensor:
+    """count odd int64 constants (a Weyl sequence: exact integer arithmetic, wrapping)."""
+    steps = torch.arange(1, count + 1, dtype=torch.int64, device=device) + salt
+    return steps * _GOLDEN | 1
+
+
+def fingerprint(tensor: torch.Tensor) -> int:
+    """sum_i bits_i w_i mod 2**64 over the tensor's 32-bit words, w_i odd: any single changed
+    value changes it (w_i is invertible mod 2**64), and integer sums do not depend on the order
+    a device reduces in, so every device and thread count gives the same number for the same
+    bits. Computed on the tensor's device, a block of rows at a time."""
+    words = tensor.detach().contiguous().view(-1).view(torch.int32)
+    row = min(FINGERPRINT_ROW, max(1, words.numel()))
+    weights = _odd_weights(row, words.device)
+    total = torch.zeros((), dtype=torch.int64, device=words.device)
+    for block, start in enumerate(range(0, words.numel(), row * 16)):
+        chunk = words[start : start + row * 16].to(torch.int64)
+        full = chunk.numel() // row * row
+        sums = (chunk[:full].view(-1, row) * weights).sum(dim=1)
+        if full < chunk.numel():
+            tail = (chunk[full:] * weights[: chunk.numel() - full]).sum().view(1)
+            sums = torch.cat([sums, tail])
+        total += (sums * _odd_weights(sums.numel(), words.device, salt=block * 16)).sum()
+    return int(total)
 
 
 def matrix_name(module: str) -> str:
@@ -103,11 +159,16 @@ class FullWeightStrategy(Strategy, Protocol):
 
 class InPlaceStrategy(FullWeightStrategy, Protocol):
     """Registered with kind=full_weight and in_place=True (the ES paper's algorithm): a worker
-    evaluates each candidate on the engine's own weights, set to `perturbed(...)`, and sets
-    them back to the master copies (cast again, never un-perturbed by subtraction) after it."""
+    evaluates each candidate on the engine's own weights, which the engine sets to master +
+    its perturbation from seeds (`Engine.perturb_base`), and sets back to the master copies
+    (cast again, never un-perturbed by subtraction) after the unit's candidates."""
+
+    def perturbation(self, payload: Any, spec: Any) -> Sequence[DenseNoise]:
+        """The candidate as seeds: each perturbed matrix's noise key and scale."""
 
     def perturbed(self, master: MasterWeights, payload: Any, spec: Any) -> Tensors:
-        """The candidate's weights (fp32, by checkpoint name, as stored): master + its perturbation."""
+        """The candidate's weights (fp32, by checkpoint name, as stored): master + its
+        perturbation, what `perturbation` makes an engine set (a reference, for tests)."""
 
 
 class FitnessHistory(Protocol):

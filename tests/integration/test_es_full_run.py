@@ -134,7 +134,8 @@ def test_the_exported_model_gives_the_engines_greedy_completions_in_transformers
 def test_a_worker_evaluates_each_candidate_on_its_own_weights_and_restores_them_bitwise(tiny_path, engine_name):
     """A unit of perturbed candidates with the engine's own weights (BASE) between them: each
     candidate's generate call runs on exactly master + sign sigma eps (cast to the engine's
-    dtype), each BASE call and the end of the unit on exactly the master copies again; the
+    dtype: the weights the engine sets from seeds are bitwise those `perturbed` builds in fp32),
+    each BASE call and the end of the unit on exactly the master copies again; the
     perturbation changes completions, and the same unit evaluated again gives the same rewards."""
     from evora.distributed.worker import EngineWorker, WorkUnit
     from evora.distributed.worker_spec import worker_spec
@@ -177,6 +178,7 @@ def test_a_worker_evaluates_each_candidate_on_its_own_weights_and_restores_them_
             CandidateSpec(0, 2, member=1, sign=-1),
             CandidateSpec(0, 3, op=BASE),
             candidates[3],
+            candidates[4],  # right after another candidate: set over its weights, no restore between
         )
         prompts = tuple(range(12))
         own = worker.evaluate(payload, WorkUnit((CandidateSpec(0, 1, op=BASE),), "heldout", prompts, keep_texts=True))
@@ -193,11 +195,11 @@ def test_a_worker_evaluates_each_candidate_on_its_own_weights_and_restores_them_
         worker.engine.generate = recording_generate
         unit = WorkUnit(specs, "heldout", prompts, keep_texts=True)
         first = worker.evaluate(payload, unit)
-        assert seen == [(True, False), (True, True), (True, False), (True, True), (True, False)]
+        assert seen == [(True, False), (True, True), (True, False), (True, True), (True, False), (True, False)]
         assert engine_holds(master.tensors)  # after the last candidate too
         assert all(torch.equal(master.tensors[k], original[k]) for k in names)  # the master copies untouched
         texts = first.texts
-        assert any(texts[row] != texts[1] for row in (0, 2, 4))  # the perturbations changed completions
+        assert any(texts[row] != texts[1] for row in (0, 2, 4, 5))  # the perturbations changed completions
         assert texts[1] == texts[3] == own.texts[0]  # restored, the engine gives its own completions again
         seen.clear()
         again = worker.evaluate(payload, unit)
@@ -208,7 +210,7 @@ def test_a_worker_evaluates_each_candidate_on_its_own_weights_and_restores_them_
         worker.engine.generate = generate
         measured = worker.evaluate(payload, WorkUnit(specs, "heldout", prompts, kl=True)).kl
         assert measured[1].tolist() == measured[3].tolist() == [0.0] * len(prompts)
-        assert all(measured[row].mean() > 0 for row in (0, 2, 4))
+        assert all(measured[row].mean() > 0 for row in (0, 2, 4, 5))
         assert engine_holds(master.tensors)
     finally:
         worker.shutdown()

@@ -34,3 +34,50 @@ def test_noise_key_golden_values():
     assert noise_key(0, "noise", 0, 0, "t") == noise_key(0, "noise", 0, 0, "t")
     assert noise_key(1, "a") == 1716098707077884841
     assert torch.allclose(gaussian(12345, (3,)), torch.tensor([1.4271, -1.8701, -1.1962]), atol=1e-4)
+
+
+# --- drawn in pieces and over threads: bitwise one whole draw on one thread ---------------------
+
+
+import pytest  # noqa: E402
+
+from evora.lora.noise import in_parallel, perturb_into, pieces, weighted_sum  # noqa: E402
+
+
+@pytest.mark.parametrize("numel", [1, 15, 16, 17, 100, 65536, 65536 + 7, 65536 + 16, 3 * 65536 + 1000])
+def test_pieces_draw_bitwise_one_whole_draw(numel):
+    spans = list(pieces(numel))
+    assert spans[0][0] == 0 and spans[-1][1] == numel
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    # In pieces of a multiple of 16, the last at least 16: the stream is consumed as one draw consumes it.
+    assert all((stop - start) % 16 == 0 for start, stop in spans[:-1])
+    assert numel < 16 or spans[-1][1] - spans[-1][0] >= 16
+    base = torch.randn(numel, generator=torch.Generator().manual_seed(1))
+    out = torch.empty(numel, dtype=torch.bfloat16)
+    perturb_into(out, base, 99, -0.003)
+    reference = gaussian(99, (numel,)).mul_(-0.003).add_(base).to(torch.bfloat16)
+    assert torch.equal(out, reference)
+
+
+def test_weighted_sum_is_bitwise_the_member_by_member_sum():
+    shape = (300, 700)  # 210,000 values: four pieces, the last a partial one
+    terms = [(noise_key("w", m), c) for m, c in enumerate([0.5, -1.25, 2.0, 0.0, 3.5])]
+    reference = torch.zeros(shape)
+    for key, c in terms:
+        reference.add_(gaussian(key, shape), alpha=c)
+    assert torch.equal(weighted_sum(terms, shape), reference)
+
+
+def test_parallel_draws_are_bitwise_the_serial_ones():
+    shapes = [(64, 1536), (1536, 64), (17,), (8, 8960), (3, 5)]
+    keys = [noise_key("p", i) for i in range(len(shapes))]
+    serial = [gaussian(k, s) for k, s in zip(keys, shapes)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        parallel = in_parallel(lambda item: gaussian(*item), list(zip(keys, shapes)))
+        sums = in_parallel(lambda s: weighted_sum([(keys[0], 1.5), (keys[1], -2.0)], s), [(300, 700)] * 3)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(serial, parallel))
+    assert all(torch.equal(sums[0], s) for s in sums[1:])

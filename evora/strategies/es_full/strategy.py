@@ -35,7 +35,7 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
-from evora.lora.noise import gaussian, noise_key
+from evora.lora.noise import DenseNoise, gaussian, in_parallel, noise_key, weighted_sum
 from evora.strategies.es_full.config import EsFullConfig
 from evora.strategies.full_weights import MasterWeights, matrix_name, member_coefficients, with_fitness
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
@@ -88,9 +88,15 @@ class EsFullStrategy:
 
     # --- noise ------------------------------------------------------------------------
 
-    def noise(self, generation: int, member: int, name: str, shape_: tuple[int, ...]) -> torch.Tensor:
-        """eps of member's perturbation of matrix `name` (checkpoint name), fp32, in its stored shape."""
-        return gaussian(noise_key(self.run_seed, "es_full", generation, member, name), shape_)
+    def noise_key(self, generation: int, member: int, name: str) -> int:
+        return noise_key(self.run_seed, "es_full", generation, member, name)
+
+    def noise(
+        self, generation: int, member: int, name: str, shape_: tuple[int, ...], device: str | torch.device = "cpu"
+    ) -> torch.Tensor:
+        """eps of member's perturbation of matrix `name` (checkpoint name), fp32, in its stored
+        shape, drawn on `device` (the master copies' device: each draws its own numbers)."""
+        return gaussian(self.noise_key(generation, member, name), shape_, device)
 
     # --- ask / tell -------------------------------------------------------------------
 
@@ -118,24 +124,31 @@ class EsFullStrategy:
             "on the engine's weights set to strategy.perturbed(master, payload, spec)"
         )
 
-    def perturbed(self, master: MasterWeights, payload: EsFullPayload, spec: CandidateSpec) -> Tensors:
-        """The candidate's weights, by checkpoint name, fp32, as stored: master + sign sigma eps,
-        fresh tensors (the master copies are not touched)."""
+    def perturbation(self, payload: EsFullPayload, spec: CandidateSpec) -> tuple[DenseNoise, ...]:
+        """The candidate as seeds: each matrix's noise key and scale (sign sigma). An engine sets
+        its weights to master + scale * eps itself, on its device (`Engine.perturb_base`)."""
         if spec.generation != payload.generation:
             raise ValueError(f"candidate of generation {spec.generation} with the payload of {payload.generation}")
+        factor = spec.sign * self.cfg.sigma
+        return tuple(
+            DenseNoise(matrix_name(m), self.noise_key(payload.generation, spec.member, matrix_name(m)), factor)
+            for m in payload.modules
+        )
+
+    def perturbed(self, master: MasterWeights, payload: EsFullPayload, spec: CandidateSpec) -> Tensors:
+        """The candidate's weights, by checkpoint name, fp32, as stored: master + sign sigma eps,
+        fresh tensors (the master copies are not touched): what `perturbation` sets, in fp32."""
         if master.generation != payload.generation:
             raise ValueError(
                 f"candidate of generation {payload.generation} on weights of generation {master.generation}"
             )
-        factor = spec.sign * self.cfg.sigma
         out: Tensors = {}
-        for module in payload.modules:
-            name = matrix_name(module)
-            if name not in master.tensors:
-                raise KeyError(f"strategy=es_full: the master weights hold no matrix named {name}")
-            weight = master.tensors[name]
-            eps = self.noise(payload.generation, spec.member, name, tuple(weight.shape))
-            out[name] = eps.mul_(factor).add_(weight)  # == weight + factor * eps, bitwise
+        for term in self.perturbation(payload, spec):
+            if term.name not in master.tensors:
+                raise KeyError(f"strategy=es_full: the master weights hold no matrix named {term.name}")
+            weight = master.tensors[term.name]
+            eps = gaussian(term.key, tuple(weight.shape), weight.device)
+            out[term.name] = eps.mul_(term.scale).add_(weight)  # == weight + scale * eps, bitwise
         return out
 
     def tell(self, state: EsFullState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
@@ -158,10 +171,10 @@ class EsFullStrategy:
         return EsFullUpdate(generation, member_coefficients(specs, shape(fitness, self.cfg.shaping)), len(fitness))
 
     def master_bytes(self, layout: AdapterLayout) -> int:
-        """Host memory of one worker's master copies and, beside them, the fp32 candidate
-        `perturbed` builds: 4 bytes a weight each."""
+        """Memory of one worker's master copies, 4 bytes a weight (candidates are set from seeds
+        inside the engine, a piece at a time; the update holds one matrix's step a thread)."""
         weights = sum(slot.out_features * slot.in_features for slot in layout.modules)
-        return 4 * weights * 2
+        return 4 * weights
 
     def start_master(self, tensors: Tensors, transposed: frozenset[str] = frozenset()) -> MasterWeights:
         """fp32 copies as the checkpoint stores them; `transposed`: those stored [in, out]
@@ -169,27 +182,31 @@ class EsFullStrategy:
         copies = {k: v.detach().to(torch.float32).clone() for k, v in tensors.items()}
         return MasterWeights(copies, transposed=transposed)
 
-    def direction(self, update: EsFullUpdate, name: str, shape_: tuple[int, ...]) -> torch.Tensor:
-        """sum_m c_m eps_m of matrix `name`, fp32, members in ascending order (those with c_m = 0 skipped)."""
-        total = torch.zeros(shape_, dtype=torch.float32)
-        for member, coefficient in enumerate(update.coefficients):
-            if coefficient != 0.0:
-                total.add_(self.noise(update.generation, member, name, shape_), alpha=coefficient)
-        return total
+    def direction(
+        self, update: EsFullUpdate, name: str, shape_: tuple[int, ...], device: str | torch.device = "cpu"
+    ) -> torch.Tensor:
+        """sum_m c_m eps_m of matrix `name`, fp32, on `device`, members in ascending order (those
+        with c_m = 0 skipped)."""
+        terms = [(self.noise_key(update.generation, m, name), c) for m, c in enumerate(update.coefficients) if c != 0.0]
+        return weighted_sum(terms, shape_, device)
 
     def apply(self, master: MasterWeights, update: EsFullUpdate) -> float:
-        """Apply one update to the master copies in place (matrices in name order, each in its
-        stored shape, transposed ones included); returns the update's norm."""
+        """Apply one update to the master copies in place, on their device (on the CPU, matrices
+        at once over the process's threads; each has its own streams, so bitwise one thread's);
+        returns the update's norm (the matrices' squares added in name order)."""
         if update.generation != master.generation:
             raise ValueError(f"update of generation {update.generation} on weights of generation {master.generation}")
-        cfg, squares = self.cfg, 0.0
+        cfg = self.cfg
         step = cfg.lr / update.population  # the paper's alpha / N: no division by sigma
-        for name in sorted(master.tensors):
+
+        def one(name: str) -> float:
             weight = master.tensors[name]
-            delta = self.direction(update, name, tuple(weight.shape)).mul_(step)
+            delta = self.direction(update, name, tuple(weight.shape), weight.device).mul_(step)
             if cfg.weight_decay:
                 delta -= (cfg.lr * cfg.weight_decay) * weight
             weight += delta
-            squares += float((delta.double() ** 2).sum())
+            return float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
+
+        squares = in_parallel(one, sorted(master.tensors), master.device)
         master.generation += 1
-        return math.sqrt(squares)
+        return math.sqrt(sum(squares))
