@@ -17,7 +17,7 @@ from evora.lora.modules import ModelModules, model_modules, modules_of_config
 from evora.models import BUNDLED_DIR, locate_model
 from evora.models.memory import GIB
 from evora.plan.compose import compose_run
-from evora.plan.fit import check_fits, device_memory, memory_need, plan_memory
+from evora.plan.fit import MASTER_MARGIN, check_fits, device_memory, master_device, memory_need, plan_memory
 from evora.plan.run_plan import build_plan, model_layout
 from evora.plan.validate import validate
 
@@ -74,6 +74,8 @@ def report(run: RunConfig) -> list[str]:
         lines.append(_layout_line(run, layout))
         memory = plan_memory(run, modules, layout)
         lines.extend(_memory_lines(run, memory))
+        lines.extend(_units_lines(run))
+        lines.append(_determinism_line(run, memory))
         lines.append(f"versions     {versions()}")
         check_fits(run, memory)
     except EvoraError as error:
@@ -110,10 +112,58 @@ def _memory_lines(run: RunConfig, memory: Any) -> list[str]:
     fit = "unknown" if not budget else ("fits" if need <= budget else "does NOT fit")
     lines = [f"memory       per worker: {on_device}"]
     if memory.master:
-        lines.append(f"master       {memory.master / GIB:.2f} GiB of fp32 master copies per worker (host)")
+        where = "on the GPU, beside the engine" if master_device(run, memory) == "cuda" else "on the host"
+        lines.append(
+            f"master       {memory.master / GIB:.2f} GiB of fp32 master copies per worker, {where} "
+            f"(hardware.master_weights={run.hardware.master_weights}){_room_hint(run, memory, total)}"
+        )
     available = f"{budget / GIB:.1f} GiB usable" if budget else "memory unknown"
     lines.append(f"device       {what}: {available} -> {fit}")
     return lines
+
+
+def _room_hint(run: RunConfig, memory: Any, total: int | None) -> str:
+    """What would place a GPU run's master copies on its GPUs, when they go to the host."""
+    if run.hardware.gpus_per_worker == 0 or not total or master_device(run, memory) == "cuda":
+        return ""
+    utilization = 1 - (memory.master + MASTER_MARGIN) / total
+    if run.engine.name != "vllm" or utilization <= memory.to_start() / total:
+        return ""
+    return f"; on the GPU with hardware.gpu_memory_utilization <= {utilization:.2f}"
+
+
+def _units_lines(run: RunConfig) -> list[str]:
+    """The work units a generation is cut into, and how many each worker gets."""
+    from evora.distributed.units import search_units
+
+    population = getattr(run.strategy, "population", None)  # population strategies' configs have one
+    if not isinstance(population, int):
+        return []
+    prompts = tuple(range(run.task.prompts_per_generation))
+    workers = run.hardware.num_workers
+    engine, min_units = run.engine, run.hardware.min_units
+    units = search_units(list(range(population)), prompts, engine.units, engine.max_loras, workers or 1, min_units)
+    cut = len({part for _, part in units})
+    shape = f"{population} candidates x {len(prompts)} prompts, engine.max_loras={engine.max_loras}"
+    line = f"units        {len(units)} work units a generation ({shape}, prompts in {cut} part(s))"
+    if workers is None:
+        return [
+            f"{line}: every worker busy on up to {len(units)} workers (one per GPU here: hardware.num_workers=null)"
+        ]
+    per = f"{len(units) / workers:.1f} per worker on {workers} workers"
+    if len(units) < workers:
+        per += f"; {workers - len(units)} idle: raise hardware.min_units to {workers}"
+    return [f"{line}: {per}"]
+
+
+def _determinism_line(run: RunConfig, memory: Any) -> str:
+    """Which device class the run's noise is drawn on: results are bitwise within one class."""
+    full = "cuda (one GPU model)" if master_device(run, memory) == "cuda" else "cpu"
+    moved = f"; full-weight noise on {full}" if memory.master else ""
+    return (
+        "determinism  bitwise across worker counts and resume within one device class: LoRA noise on the CPU's "
+        f"streams{moved} (a CPU run and a GPU run of one seed draw different numbers)"
+    )
 
 
 def doctor(overrides: list[str]) -> int:

@@ -91,7 +91,7 @@ class EngineConfig:
     name: str = "vllm"
     max_loras: int = 8
     max_num_seqs: int = 256
-    enforce_eager: bool = True
+    enforce_eager: Optional[bool] = None  # None: eager on CPUs, CUDA graphs (and torch.compile) on GPUs
     adapter_dir: str = "/dev/shm"
     adapters_in_memory: bool = True  # vLLM in-process: candidates reach the engine as tensors, not files
     ignore_eos: bool = False  # generate exactly task.max_tokens tokens (benchmarks)
@@ -115,6 +115,7 @@ class HardwareConfig:
     worker_replacements: int = 8  # lost engine workers replaced per run (then the pool goes on smaller)
     gpu_memory_utilization: float = 0.05
     gpu_memory_gib: Optional[float] = None  # each GPU's memory (None: read from a GPU here, if any)
+    min_units: int = 2  # engine.units=fixed: a generation's prompts are cut too until it has this many units
     master_weights: str = "auto"  # full-weight strategies' fp32 copies: auto (on the GPU when they fit) | device | host
     kv_cache_gib: int = 1
     dashboard: bool = False

@@ -99,7 +99,9 @@ class Driver:
             self.weights.to(self.state, self.loop.next_generation)
         self.scoring = CenterScoring(pool, self.plan)
         texts = self.entry.keeps_texts(self.strategy)  # the ecology's self-training reads them
-        parts = SearchParts(self.plan, self.strategy, pool, recorder, training, self.weights, texts)
+        parts = SearchParts(
+            self.plan, self.strategy, pool, recorder, training, self.weights, texts, summed=self.entry.summed
+        )
         self.search: Search = SEARCHES[self.entry.kind](parts)
 
     def _restore_or_init(self) -> None:
@@ -154,6 +156,7 @@ class Driver:
             weights = sum(slot.out_features * slot.in_features for slot in layout.modules)
             moved = {"full_weights": weights, "master_bytes": self.strategy.master_bytes(layout)}
         assert loop.base is not None
+        master_device = self.plan.master_device if self.weights is not None else None
         return start_event(
             self.entry.name,
             generations=self._planned_generations(),
@@ -164,6 +167,8 @@ class Driver:
             adapter_parameters=None if self.weights else layout.num_parameters(),
             setup_seconds=setup_seconds,
             moved=moved,
+            units=self.search.units(self.state, loop.next_generation),
+            master_device=master_device,
         )
 
     def _initial_evaluation(self) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import ray
 
 from evora.distributed.pool import WorkerPool
+from evora.distributed.units import EVAL_CHUNK, chunks
 from evora.distributed.worker import UnitResult, WorkUnit
 from evora.distributed.worker_spec import WorkerSpec
 from evora.lora.layout import AdapterLayout
@@ -18,23 +19,6 @@ from evora.strategies.protocol import BASE, CENTER, CandidateSpec, EvalPayload, 
 from evora.tasks.aggregate import pass_at_k
 from evora.tasks.decoding import eval_decoding
 from evora.tracking.compute import Spend
-
-EVAL_CHUNK = 64  # examples per work unit
-
-
-def chunks(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def search_units(specs: list, units: str, max_loras: int, workers: int) -> list[list]:
-    """A generation's candidates in work units (one `generate` call each). `fixed`: max_loras
-    candidates a unit, whatever the pool, so any number of workers gives bitwise the same
-    results (docs/architecture.md, "Determinism rules"). `whole`: one unit per live worker,
-    vLLM's scheduler keeping max_loras adapters in flight; no call waits at its end for a few
-    long sequences, but batches, and so float sums, change with the number of workers."""
-    if units == "whole":
-        return chunks(specs, max(1, -(-len(specs) // max(1, workers))))
-    return chunks(specs, max_loras)
 
 
 def unit_prompts(specs: list, prompts: tuple[int, ...]) -> tuple[int, ...]:
@@ -91,6 +75,60 @@ def widened(result: UnitResult, columns: np.ndarray | None, width: int) -> UnitR
         texts=texts,
         evaluated=None if evaluated.all() else evaluated,
     )
+
+
+def merged_rows(results: list[UnitResult]) -> list[UnitResult]:
+    """Results of units that evaluated the same candidates on different prompts (`search_units`
+    cut the prompts; each widened to the generation's prompts) as one result per candidate group,
+    in the order the groups first come: each cell from the unit that evaluated it."""
+    groups: dict[tuple[int, ...], list[UnitResult]] = {}
+    for result in results:
+        groups.setdefault(tuple(result.indices), []).append(result)
+    return [parts[0] if len(parts) == 1 else merged(parts) for parts in groups.values()]
+
+
+def merged(parts: list[UnitResult]) -> UnitResult:
+    masks = [evaluated_mask(p) for p in parts]
+
+    def cells(values: list[np.ndarray]) -> np.ndarray:
+        out = np.array(values[0], copy=True)
+        for value, mask in zip(values[1:], masks[1:]):
+            out[mask] = value[mask]
+        return out
+
+    def optional(values: list[np.ndarray | None]) -> np.ndarray | None:
+        present = [v for v in values if v is not None]
+        return cells(present) if len(present) == len(values) else None
+
+    texts = None
+    if parts[0].texts is not None:
+        texts = [list(row) for row in parts[0].texts]
+        for part, mask in zip(parts[1:], masks[1:]):
+            for r, c in zip(*np.nonzero(mask)):
+                texts[r][c] = part.texts[r][c]  # type: ignore[index]  # units of one generation keep texts alike
+    evaluated = np.logical_or.reduce(masks)
+    first = parts[0]
+    return replace(
+        first,
+        rewards=cells([p.rewards for p in parts]),
+        correct=cells([p.correct for p in parts]),
+        tokens=cells([p.tokens for p in parts]),
+        perplexity=optional([p.perplexity for p in parts]),
+        kl=optional([p.kl for p in parts]),
+        correct_counts=optional([p.correct_counts for p in parts]),
+        texts=texts,
+        evaluated=None if evaluated.all() else evaluated,
+        reward_errors=sum(p.reward_errors for p in parts),
+        reward_timeouts=sum(p.reward_timeouts for p in parts),
+        timings={k: sum(p.timings[k] for p in parts) for k in first.timings},
+        tokens_prompt=sum(p.tokens_prompt for p in parts),
+        tokens_generated=sum(p.tokens_generated for p in parts),
+        tokens_scored=sum(p.tokens_scored for p in parts),
+    )
+
+
+def evaluated_mask(result: UnitResult) -> np.ndarray:
+    return result.evaluated if result.evaluated is not None else np.ones(result.rewards.shape, dtype=bool)
 
 
 def spend_of(results: list[UnitResult]) -> Spend:

@@ -18,7 +18,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostErro
 
 from evora.config.schema import HardwareConfig
 from evora.distributed.placement import Placement, place_workers, worker_count
-from evora.distributed.worker import EngineWorker, SharedPayload, UnitResult, WorkUnit
+from evora.distributed.worker import EngineWorker, SharedPayload
 from evora.distributed.worker_spec import WorkerSpec
 from evora.engines.environment import engine_environment
 
@@ -83,20 +83,22 @@ class WorkerPool:
         events, self.events = self.events, []
         return events
 
-    def run(self, payload: Any, units: list[WorkUnit], max_attempts: int = 3) -> list[UnitResult]:
-        """Results in unit order. `payload` is an ObjectRef: put once, read once by each worker.
-        Each worker has UNITS_IN_FLIGHT units at a time: the next waits in its actor's queue while
-        it runs one, so no worker idles through a round trip to the driver."""
+    def run(self, payload: Any, units: list[Any], max_attempts: int = 3, method: str = "evaluate") -> list[Any]:
+        """Results of `method(payload, unit)` in unit order (`evaluate`: a WorkUnit -> UnitResult;
+        `noise_sum`: a GroupTask -> GroupSum). `payload` is an ObjectRef: put once, read once by
+        each worker. Each worker has UNITS_IN_FLIGHT units at a time: the next waits in its
+        actor's queue while it runs one, so no worker idles through a round trip to the driver."""
         shared = SharedPayload(payload)
         pending = deque((i, 0) for i in range(len(units)))
         slots = deque(slots_of(self._check_in()))  # a worker once per unit it may have in flight
         in_flight: dict[Any, tuple[int, int, int]] = {}  # ref -> (unit, attempt, worker)
-        results: dict[int, UnitResult] = {}  # by unit
+        results: dict[int, Any] = {}  # by unit
         while pending or in_flight:
             while pending and slots:
                 unit, attempt = pending.popleft()
                 worker = slots.popleft()
-                in_flight[self.actors[worker].evaluate.remote(shared, units[unit])] = (unit, attempt, worker)
+                call = getattr(self.actors[worker], method)
+                in_flight[call.remote(shared, units[unit])] = (unit, attempt, worker)
             if not in_flight and not self.starting:
                 raise RuntimeError("every engine worker has died (hardware.worker_replacements used up)")
             [done], _ = ray.wait([*in_flight, *self.starting], num_returns=1)

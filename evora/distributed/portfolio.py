@@ -22,8 +22,9 @@ from typing import Any, Sequence
 import numpy as np
 import ray
 
-from evora.distributed.evaluate import EVAL_CHUNK, chunks, rows_of, spend_of
+from evora.distributed.evaluate import rows_of, spend_of
 from evora.distributed.pool import WorkerPool
+from evora.distributed.units import EVAL_CHUNK, chunks
 from evora.distributed.worker import WorkUnit
 from evora.errors import ConfigError
 from evora.lora.layout import AdapterLayout

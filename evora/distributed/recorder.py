@@ -97,10 +97,13 @@ def start_event(
     setup_seconds: float,
     moved: dict[str, int] | None = None,
     population: int | None = None,
+    units: int | None = None,
+    master_device: str | None = None,
 ) -> StartEvent:
     """The event every run's console starts from, the shared loop's and a job runner's.
-    `moved`: a full-weight strategy's weights and master bytes; `population`: a job whose
-    members report themselves (PBT), so the console draws no generation bar."""
+    `moved`: a full-weight strategy's weights and master bytes (and `master_device`, where they
+    live); `population`: a job whose members report themselves (PBT), so the console draws no
+    generation bar; `units`: the work units a generation is cut into."""
     event = StartEvent(
         kind="start",
         strategy=strategy,
@@ -116,4 +119,8 @@ def start_event(
         event["population"] = population
     if moved is not None:
         event["full_weights"], event["master_bytes"] = moved["full_weights"], moved["master_bytes"]
+    if master_device is not None:
+        event["master_device"] = master_device
+    if units is not None:
+        event["units"] = units
     return event

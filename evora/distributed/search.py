@@ -21,8 +21,8 @@ import torch
 from evora.distributed.evaluate import (
     candidate_matrices,
     candidate_texts,
+    merged_rows,
     row_means,
-    search_units,
     spend_of,
     unit_columns,
     unit_prompts,
@@ -31,10 +31,12 @@ from evora.distributed.evaluate import (
 from evora.distributed.full_weights import EngineWeights
 from evora.distributed.pool import WorkerPool
 from evora.distributed.recorder import Recorder
-from evora.distributed.worker import UnitResult, WorkUnit
+from evora.distributed.units import search_units
+from evora.distributed.worker import GroupSum, GroupTask, UnitResult, WorkUnit
 from evora.errors import RunError
 from evora.lora.noise import noise_key
 from evora.plan.run_plan import RunPlan
+from evora.strategies.noise_sums import add_groups
 from evora.strategies.protocol import (
     FULL_WEIGHT,
     GRADIENT,
@@ -60,6 +62,9 @@ class Searched:
 class Search(Protocol):
     def step(self, state: Any, generation: int) -> Searched: ...
 
+    def units(self, state: Any, generation: int) -> int | None:
+        """The work units a generation is cut into (None: no population is evaluated)."""
+
 
 @dataclass
 class SearchParts:
@@ -73,6 +78,7 @@ class SearchParts:
     training: TrainingContext | None
     weights: EngineWeights | None
     keeps_texts: bool
+    summed: bool = False  # the strategy's tell takes the members' noise summed on the workers (noise_sums.py)
 
 
 class PopulationSearch:
@@ -85,14 +91,16 @@ class PopulationSearch:
         specs, payload = parts.strategy.ask(state, generation)
         prompts = routed_prompts(specs) or prompt_batch(parts.plan, generation)
         units = self._units(specs, prompts)
-        wide = zip(parts.pool.run(ray.put(payload), units), unit_columns(prompts, units))
+        payload_ref = ray.put(payload)
+        wide = zip(parts.pool.run(payload_ref, units), unit_columns(prompts, units))
         results = [widened(result, columns, len(prompts)) for result, columns in wide]
+        rows = merged_rows(results)  # units cut along prompts: one result per candidate group
         changes = parts.pool.take_events()
         evaluated = time.perf_counter()
         keeps_texts = parts.keeps_texts
-        matrices, invalid = generation_results(self.fitness, generation, prompts, results, len(specs), keeps_texts)
+        matrices, invalid = generation_results(self.fitness, generation, prompts, rows, len(specs), keeps_texts)
         check_some_fitness(generation + 1, invalid, len(specs), parts.plan.run.strategy)
-        told = self._tell(state, specs, matrices, generation)
+        told = self._tell(state, specs, matrices, generation, payload_ref)
         parts.recorder.family(told.lineage)
         parts.recorder.strategy_records(told.records)
         record = {
@@ -109,24 +117,34 @@ class PopulationSearch:
         spend.add(Spend(**told.spend))
         return Searched(told.state, record, spend, changes)
 
+    def units(self, state: Any, generation: int) -> int | None:
+        specs, _ = self.parts.strategy.ask(state, generation)
+        return len(self._units(specs, routed_prompts(specs) or prompt_batch(self.parts.plan, generation)))
+
     def _units(self, specs: list[Any], prompts: tuple[int, ...]) -> list[WorkUnit]:
-        engine, texts = self.parts.plan.run.engine, self.parts.keeps_texts
+        run, texts = self.parts.plan.run, self.parts.keeps_texts
+        engine, pool = run.engine, len(self.parts.pool)
+        cut = search_units(specs, prompts, engine.units, engine.max_loras, pool, run.hardware.min_units)
         return [
             WorkUnit(
                 tuple(c),
                 "train",
-                unit_prompts(c, prompts),
+                unit_prompts(c, part),
                 keep_texts=texts,
                 perplexity=self.fitness.needs_perplexity,
                 kl=self.fitness.needs_kl,
             )
-            for c in search_units(specs, engine.units, engine.max_loras, len(self.parts.pool))
+            for c, part in cut
         ]
 
-    def _tell(self, state: Any, specs: list[Any], matrices: GenerationResults, generation: int) -> Told:
-        """tell; the refinement of a refining strategy; the engines' weights moved to the new state."""
+    def _tell(self, state: Any, specs: list[Any], matrices: GenerationResults, generation: int, payload: Any) -> Told:
+        """tell (a summed strategy's with the noise summed on the workers); the refinement of a
+        refining strategy; the engines' weights moved to the new state."""
         parts = self.parts
-        told = parts.strategy.tell(state, specs, matrices)
+        if parts.summed:
+            told = self._tell_summed(state, specs, matrices, payload)
+        else:
+            told = parts.strategy.tell(state, specs, matrices)
         if parts.training is not None:
             refined = parts.strategy.refine(told.state, generation, parts.training)
             if refined is not None:  # memetic: the elite got gradient steps
@@ -135,6 +153,23 @@ class PopulationSearch:
         check_finite_center(generation + 1, parts.strategy.center(told.state), parts.plan.run.strategy)
         if parts.weights is not None:  # every worker applies the update to its own weights
             told.stats.update(parts.weights.to(told.state, generation + 1))
+        return told
+
+    def _tell_summed(self, state: Any, specs: list[Any], matrices: GenerationResults, payload: Any) -> Told:
+        """The members' noise summed by the workers in the strategy's fixed groups, the groups
+        added here in order: bitwise the same for any number of workers (noise_sums.py)."""
+        strategy, started = self.parts.strategy, time.perf_counter()
+        sums = strategy.noise_sums(state, specs, matrices)
+        tasks = [GroupTask(sums, group) for group in range(len(sums.groups))]
+        parts: list[GroupSum] = self.parts.pool.run(payload, tasks, method="noise_sum")
+        summed = time.perf_counter()
+        total = add_groups([part.tensors for part in parts])
+        told = strategy.tell_with(state, specs, matrices, total)
+        told.stats.update(
+            seconds_noise_sums=summed - started,  # the workers' part, as the driver waited for it
+            seconds_noise_sums_workers=float(sum(part.seconds for part in parts)),
+            seconds_tell_driver=time.perf_counter() - summed,  # adding the groups and the step
+        )
         return told
 
 
@@ -150,6 +185,9 @@ class GradientSearch:
         check_finite_center(generation + 1, parts.strategy.center(told.state), parts.plan.run.strategy)
         record = {"generation": generation + 1, **told.stats, "seconds_train": time.perf_counter() - started}
         return Searched(told.state, record, Spend(**told.spend))
+
+    def units(self, state: Any, generation: int) -> int | None:
+        return None  # trained on the driver
 
 
 SEARCHES: dict[str, type[PopulationSearch] | type[GradientSearch]] = {

@@ -48,6 +48,7 @@ from evora.strategies.full_weights import (
     matrix_name,
     transposed_matrices,
 )
+from evora.strategies.noise_sums import NoiseSums, SummedStrategy
 from evora.strategies.protocol import BASE, CENTER, MEMBER, PERTURB, materialise
 from evora.tasks.base import AnswerTask
 from evora.tasks.decoding import Decoding, decoding_of, sample_seed
@@ -99,6 +100,22 @@ class Scored:
     values: CellValues
     errors: int
     timeouts: int
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """One fixed group of a summed strategy's members (strategies/noise_sums.py) to sum."""
+
+    sums: NoiseSums
+    group: int
+
+
+@dataclass(frozen=True)
+class GroupSum:
+    group: int
+    tensors: Tensors  # sum over the group's members of c_m eps_m, per tensor
+    worker: int
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -203,6 +220,17 @@ class EngineWorker:
             samples=decoding.samples,
             correct_counts=None if values.correct_counts is None else scatter(mask, values.correct_counts, 0, np.int64),
         )
+
+    def noise_sum(self, payload: Any, task: GroupTask) -> GroupSum:
+        """A summed strategy's group of members' weighted noise (`payload`: the generation's, as
+        `evaluate` got it, read once)."""
+        start = time.perf_counter()
+        if isinstance(payload, SharedPayload):
+            payload = self._shared(payload)
+        assert self.strategy is not None, "a summed strategy's workers build it"
+        summed: SummedStrategy = self.strategy
+        tensors = summed.group_sum(payload, task.sums, task.group)
+        return GroupSum(task.group, tensors, self.index, time.perf_counter() - start)
 
     def _shared(self, shared: SharedPayload) -> Any:
         import ray

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from evora.config.schema import RunConfig, TaskConfig, vllm_lora_rank
+from evora.distributed.units import largest_call
 from evora.engines import EngineSpec
 from evora.lora.layout import AdapterLayout
 from evora.tasks import Splits, Task, build_task
@@ -40,7 +41,7 @@ class WorkerSpec:
 
 
 def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = None) -> EngineSpec:
-    hw, engine = run.hardware, run.engine
+    hw, engine, task = run.hardware, run.engine, run.task
     return EngineSpec(
         model=model_path,
         tokenizer=run.model.tokenizer,
@@ -51,7 +52,8 @@ def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = Non
         max_loras=engine.max_loras,
         max_cpu_loras=host_lora_slots(run),
         max_num_seqs=engine.max_num_seqs,
-        enforce_eager=engine.enforce_eager,
+        enforce_eager=hw.gpus_per_worker == 0 if engine.enforce_eager is None else engine.enforce_eager,
+        max_batch=largest_call(engine.max_loras, task.prompts_per_generation, task.samples, task.eval_samples),
         tensor_parallel_size=hw.tensor_parallel_size,
         gpu_memory_utilization=hw.gpu_memory_utilization,
         kv_cache_gib=hw.kv_cache_gib,

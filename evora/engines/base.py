@@ -60,6 +60,7 @@ class EngineSpec:
     max_cpu_loras: int = 16
     max_num_seqs: int = 256
     enforce_eager: bool = True
+    max_batch: int = 256  # the most requests one call makes (a work unit's): CUDA graphs are captured up to it
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.05
     kv_cache_gib: int = 1

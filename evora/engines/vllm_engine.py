@@ -90,6 +90,43 @@ def lora_request(adapter: AdapterRef) -> Any:
     return vllm_patches.memory_request(adapter.name, adapter.lora_id, adapter.tensors, adapter.config)
 
 
+def llm_args(spec: EngineSpec) -> dict[str, Any]:
+    """vLLM's `LLM` keyword arguments for an engine spec (its own vllm_args last, so a user's win)."""
+    args: dict[str, Any] = dict(
+        model=spec.model,
+        tokenizer=spec.tokenizer or spec.model,
+        revision=spec.revision,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        enable_lora=True,
+        max_loras=spec.max_loras,
+        max_lora_rank=spec.max_lora_rank,
+        max_cpu_loras=spec.max_cpu_loras,
+        max_num_seqs=spec.max_num_seqs,
+        enforce_eager=spec.enforce_eager,
+        enable_prefix_caching=False,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        seed=spec.seed,
+        tensor_parallel_size=spec.tensor_parallel_size,
+        trust_remote_code=spec.trust_remote_code,
+        # TP > 1: the worker sits in a placement group of one-GPU bundles (distributed/placement.py);
+        # vLLM's Ray executor puts a shard on each bundle.
+        distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "ray",
+        worker_extension_cls=EXTENSION,  # base weights by checkpoint name (full-weight strategies)
+        lora_target_modules=None if spec.lora_target_modules is None else list(spec.lora_target_modules),
+        # Seeded sampling through fp64 exponential noise drawn from each request's generator
+        # (`random_sample`), which the transformers engine reproduces (engines/sampling.py);
+        # without it vLLM's CPU build samples with a fused C++ Gumbel kernel instead.
+        use_fp64_gumbel=True,
+    )
+    if spec.device == "cpu":  # for a process without VLLM_CPU_KVCACHE_SPACE
+        args["kv_cache_memory_bytes"] = spec.kv_cache_gib * 2**30
+    elif not spec.enforce_eager:  # CUDA graphs for the batch sizes a unit can reach, no larger
+        args["compilation_config"] = {"max_cudagraph_capture_size": min(spec.max_num_seqs, spec.max_batch)}
+    args.update(spec.vllm_args)
+    return args
+
+
 class VLLMEngine:
     def __init__(self, spec: EngineSpec):
         self.ignore_eos = spec.ignore_eos
@@ -108,37 +145,7 @@ class VLLMEngine:
         from vllm import LLM
 
         check_vllm()
-        args: dict[str, Any] = dict(
-            model=spec.model,
-            tokenizer=spec.tokenizer or spec.model,
-            revision=spec.revision,
-            dtype=spec.dtype,
-            max_model_len=spec.max_model_len,
-            enable_lora=True,
-            max_loras=spec.max_loras,
-            max_lora_rank=spec.max_lora_rank,
-            max_cpu_loras=spec.max_cpu_loras,
-            max_num_seqs=spec.max_num_seqs,
-            enforce_eager=spec.enforce_eager,
-            enable_prefix_caching=False,
-            gpu_memory_utilization=spec.gpu_memory_utilization,
-            seed=spec.seed,
-            tensor_parallel_size=spec.tensor_parallel_size,
-            trust_remote_code=spec.trust_remote_code,
-            # TP > 1: the worker sits in a placement group of one-GPU bundles (distributed/placement.py);
-            # vLLM's Ray executor puts a shard on each bundle.
-            distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "ray",
-            worker_extension_cls=EXTENSION,  # base weights by checkpoint name (full-weight strategies)
-            lora_target_modules=None if spec.lora_target_modules is None else list(spec.lora_target_modules),
-            # Seeded sampling through fp64 exponential noise drawn from each request's generator
-            # (`random_sample`), which the transformers engine reproduces (engines/sampling.py);
-            # without it vLLM's CPU build samples with a fused C++ Gumbel kernel instead.
-            use_fp64_gumbel=True,
-        )
-        if spec.device == "cpu":  # for a process without VLLM_CPU_KVCACHE_SPACE
-            args["kv_cache_memory_bytes"] = spec.kv_cache_gib * 2**30
-        args.update(spec.vllm_args)
-        self.llm = LLM(**args)
+        self.llm = LLM(**llm_args(spec))
 
     def _run(self, prompts: Sequence[list[int]], adapters: Sequence[AdapterRef | None], params: Any) -> list:
         from vllm.inputs import TokensPrompt
@@ -188,8 +195,10 @@ class VLLMEngine:
     def _one_adapter_per_call(
         self, sequences: Sequence[list[int]], adapters: Sequence[AdapterRef | None], params: Any
     ) -> list[Any]:
-        """vLLM's outputs for each sequence, run one adapter per call: vLLM's CPU logits path
-        cannot attribute prompt rows (prompt logprobs) in mixed batches."""
+        """vLLM's outputs for each sequence: on a GPU in one call; on a CPU one adapter per call,
+        since vLLM's CPU logits path cannot attribute prompt rows (prompt logprobs) in mixed batches."""
+        if self.device != "cpu":
+            return self._run(sequences, adapters, params)
         groups: dict[AdapterRef | None, list[int]] = {}
         for i, adapter in enumerate(adapters):
             groups.setdefault(adapter, []).append(i)

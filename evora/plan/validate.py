@@ -240,6 +240,7 @@ def _check_hardware(run: RunConfig) -> None:
     )
     require(hw.kv_cache_gib >= 0, "hardware.kv_cache_gib", hw.kv_cache_gib, "must be >= 0")
     choice("hardware.master_weights", hw.master_weights, MASTER_PLACES)
+    require(hw.min_units >= 1, "hardware.min_units", hw.min_units, "must be an integer >= 1")
 
 
 MASTER_PLACES = ("auto", "device", "host")

@@ -11,6 +11,7 @@ from evora.strategies.es_full.strategy import EsFullStrategy
 from evora.strategies.full_weights import FullWeightStrategy, InPlaceStrategy
 from evora.strategies.ga.strategy import GeneticAlgorithm
 from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization
+from evora.strategies.noise_sums import SummedStrategy
 from evora.strategies.protocol import GradientStrategy, PortfolioStrategy, RefiningStrategy, Strategy
 from evora.strategies.sft.strategy import SupervisedFineTuning
 
@@ -29,5 +30,6 @@ def built_ins_conform(
     portfolio: PortfolioStrategy = ecology
     full_weight: list[FullWeightStrategy] = [eggroll, es_full]
     in_place: InPlaceStrategy = es_full  # registered with in_place=True
+    summed: SummedStrategy = es  # registered with summed=True
     gradient: list[GradientStrategy] = [sft, grpo]
-    del population, refining, portfolio, full_weight, in_place, gradient
+    del population, refining, portfolio, full_weight, in_place, summed, gradient

@@ -27,7 +27,6 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, TypeVar
 
-import numpy as np
 import torch
 
 from evora.lora import Tensors
@@ -188,14 +187,6 @@ def with_fitness(state: H, specs: list[CandidateSpec], results: GenerationResult
         raise ValueError(f"tell of generation {generation} after {len(state.fitness)} generations")
     shaped = shaping_input(results, shaping)
     return replace(state, fitness=[*state.fitness, [float(f) for f in shaped]])  # type: ignore[type-var]  # H is a dataclass
-
-
-def member_coefficients(specs: Sequence[CandidateSpec], weights: np.ndarray) -> tuple[float, ...]:
-    """Per member: the sum over its candidates of shaped fitness x sign (mirrored pairs share a member)."""
-    coefficients = [0.0] * (max(spec.member for spec in specs) + 1)
-    for spec, w in zip(specs, weights):
-        coefficients[spec.member] += float(w) * spec.sign
-    return tuple(coefficients)
 
 
 def check_full_weight(name: str, snapshot_every: int, delta_rank: int, run: Any = None) -> None:

@@ -52,6 +52,9 @@ class StrategyEntry:
     # kind=full_weight: candidates perturb the engines' weights in place, one after another
     # (full_weights.InPlaceStrategy, the ES paper's way), rather than run as LoRAs on them.
     in_place: bool = False
+    # A noise_sums.SummedStrategy: workers sum the members' noise in fixed groups for its tell
+    # (noise_sums / group_sum / tell_with), rather than the driver redrawing the population's.
+    summed: bool = False
     # Figures, report sections, findings and compare table the analysis adds for the strategy's runs:
     # an analysis_hooks.Analysis, or "module:attribute" naming one (imported only when a run is analysed,
     # so registering imports no matplotlib). evora.analysis names no strategy; it asks analysis_hooks().
@@ -64,6 +67,8 @@ class StrategyEntry:
             raise TypeError(f"strategy {self.name}: a runner, and only a runner, makes kind={JOB!r}")
         if self.in_place and self.kind != FULL_WEIGHT:
             raise TypeError(f"strategy {self.name}: in_place=True needs kind={FULL_WEIGHT!r}")
+        if self.summed and self.kind != POPULATION:
+            raise TypeError(f"strategy {self.name}: summed=True needs kind={POPULATION!r}")
 
     def trains_on_driver(self, strategy: Any) -> bool:
         """Whether the loop builds a TrainingContext: gradient strategies, and refining ones

@@ -19,7 +19,9 @@ class StartEvent(TypedDict):
     setup_seconds: float
     population: NotRequired[int]  # a job whose members report themselves: no generation bar
     full_weights: NotRequired[int]  # a full-weight strategy: the weights it moves
-    master_bytes: NotRequired[int]  # ... and the host memory of its master copies, per worker
+    master_bytes: NotRequired[int]  # ... and the memory of its master copies, per worker
+    master_device: NotRequired[str]  # ... where they live: cuda (beside the engine) | cpu (the host)
+    units: NotRequired[int]  # the work units a generation is cut into (engine.units, hardware.min_units)
 
 
 class FinalEvent(TypedDict):

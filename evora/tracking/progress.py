@@ -17,6 +17,19 @@ from rich.progress import (
 
 from evora.tracking.events import Event
 
+MASTER_PLACES = {"cuda": ", on the GPU", "cpu": ", on the host"}
+
+
+def idle_line(event: Event) -> str | None:
+    """One line when a generation's work units leave engine workers idle."""
+    units, workers = event.get("units"), event["workers"]
+    if units is None or units >= workers:
+        return None
+    return (
+        f"warning: {units} work unit(s) a generation for {workers} engine workers: {workers - units} idle every "
+        f"generation; raise hardware.min_units to {workers} (engine.units=fixed then cuts the prompts too)"
+    )
+
 
 def _fmt(value: float | None) -> str:
     return "  -  " if value is None else f"{value:.3f}"
@@ -142,13 +155,20 @@ class ConsoleProgress:
         if event.get("adapter_parameters") is not None:
             parts.append(f"{event['adapter_parameters']:,} adapter parameters")
         if event.get("full_weights") is not None:
-            mib = event["master_bytes"] / 2**20
-            parts.append(f"{event['full_weights']:,} weights moved ({mib:,.1f} MiB of fp32 master copies per worker)")
+            mib, where = event["master_bytes"] / 2**20, MASTER_PLACES.get(event.get("master_device", "cpu"), "")
+            parts.append(
+                f"{event['full_weights']:,} weights moved ({mib:,.1f} MiB of fp32 master copies per worker{where})"
+            )
+        if event.get("units") is not None:
+            parts.append(f"{event['units']} work units a generation")
         base = event.get("base_heldout")
         self.console.print(
             ", ".join(parts)
             + f", set-up {event['setup_seconds']:.0f}s{resumed}"
             + (f"; held-out reward of the base model {_fmt(base)}" if base is not None else "")
         )
+        idle = idle_line(event)
+        if idle:
+            self.console.print(idle)
         if not members_report(event):
             self.task = self.progress.add_task("generations", total=event["generations"], completed=event["start"])

@@ -125,17 +125,22 @@ def test_exported_adapters_load_in_peft(tiny_path):
 
 
 @pytest.mark.xdist_group("es-run")
-def test_one_worker_resumed_on_two_gives_bitwise_the_run_of_two_workers_throughout():
-    """Worker counts and resume in one: one worker for generations 1-2, resumed on two workers for
-    generation 3, against two workers uninterrupted (hardware may change on resume)."""
+def test_one_worker_resumed_on_three_gives_bitwise_the_run_of_two_workers_throughout():
+    """Worker counts and resume in one: one worker for generations 1-2, resumed on three workers for
+    generation 3, against two workers uninterrupted (hardware may change on resume). ES's update
+    is summed on the workers (strategies/noise_sums.py): its groups land on different workers in
+    each run, and the driver adds them in the same order."""
     two, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
     part, _ = fresh_run(*SMALL, "generations=2", "hardware.num_workers=1")
-    assert "resumed at generation 2" in resume_run(part, "generations=3", "hardware.num_workers=2")
+    resumed = resume_run(part, "generations=3", "hardware.num_workers=3", "hardware.cpus_per_worker=0.5")
+    assert "resumed at generation 2" in resumed
     assert_bitwise_equal(mean_adapter(part), mean_adapter(two))
     # and the run actually moved: the mean is not the initial adapter any more
     assert load(part / "checkpoints" / "latest.pt")["state"]["step"] == 3
     assert [r["generation"] for r in read_metrics(part)] == [0, 1, 2, 3]
     assert [r["reward_mean"] for r in read_metrics(part)[1:]] == [r["reward_mean"] for r in read_metrics(two)[1:]]
+    # the workers summed the members' noise: 4 antithetic pairs in 2 groups, not redrawn on the driver
+    assert all(r["seconds_noise_sums_workers"] > 0 for r in read_metrics(two)[1:])
 
 
 def test_whole_units_give_each_worker_its_share_in_one_generate_call():
@@ -265,7 +270,9 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
 
 # --- the genetic algorithm ----------------------------------------------------------------
 
-GA = ["strategy=ga", *SMALL, "engine=hf"]  # the GA is the point: vLLM's part is the ES tests' and the GA quickstart's
+# The GA is the point: vLLM's part is the ES tests' and the GA quickstart's. min_units=4: its 2 groups of
+# candidates are cut along the prompts too (4 units), which the worker-count test checks end to end.
+GA = ["strategy=ga", *SMALL, "engine=hf", "hardware.min_units=4"]
 
 
 @pytest.mark.xdist_group("ga-run")

@@ -10,6 +10,7 @@ import torch
 from evora.lora.layout import build_layout
 from evora.lora.noise import member_noise
 from evora.strategies.es import ESConfig, ESPayload, ESState, EvolutionStrategy
+from evora.strategies.noise_sums import add_groups, member_groups
 from evora.strategies.protocol import BASE, CENTER, CandidateSpec, EvalPayload, fitness_results, materialise
 
 SHAPES = {
@@ -138,3 +139,33 @@ def test_strategy_state_is_plain_data():
     assert isinstance(state, ESState) and state.STATE_VERSION == 1
     assert {f.name for f in dataclasses.fields(state)} == {"theta", "step", "noise_scales", "adam_m", "adam_v"}
     assert dataclasses.is_dataclass(es.cfg)
+
+
+def test_the_update_summed_in_groups_anywhere_is_bitwise_tell():
+    """The workers' way (strategies/noise_sums.py): each fixed group of members summed by a
+    strategy of its own (any worker, any thread count, any order), the groups added in order,
+    is bitwise the update `tell` computes in one process; and it is the ES gradient."""
+    cfg = ESConfig(population=18, sigma=0.1, lr=0.05)
+    fitness = np.random.default_rng(3).normal(size=18)
+    es = EvolutionStrategy(cfg, run_seed=5)
+    state = es.start(theta0())
+    specs, payload = es.ask(state, 0)
+    results = fitness_results(0, fitness)
+    told = es.tell(state, specs, results)
+    sums = es.noise_sums(state, specs, results)
+    assert sums.groups == member_groups(9) == ((0, 3), (3, 6), (6, 9))  # 9 pairs: 3 groups of 3
+    threads = torch.get_num_threads()
+    parts = {}
+    try:
+        for group, count in zip((2, 0, 1), (1, 2, 1)):  # out of order, on 1 and 2 threads
+            torch.set_num_threads(count)
+            parts[group] = EvolutionStrategy(cfg, run_seed=5).group_sum(payload, sums, group)
+    finally:
+        torch.set_num_threads(threads)
+    summed = es.tell_with(state, specs, results, add_groups([parts[g] for g in range(3)]))
+    assert all(torch.equal(summed.state.theta[k], told.state.theta[k]) for k in told.state.theta)
+    w = (fitness - fitness.mean()) / fitness.std()
+    for k, value in state.theta.items():  # 1/(N sigma) sum_i w_i sign_i eps_i, in float64
+        ref = sum(w[s.index] * s.sign * member_noise(5, 0, s.member, k, tuple(value.shape)).double() for s in specs)
+        step = told.state.theta[k].double() - value.double()
+        torch.testing.assert_close(step, 0.05 * ref / (18 * 0.1), rtol=0, atol=1e-6)

@@ -30,7 +30,8 @@ from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout, ModuleSlot
 from evora.lora.noise import gaussian, gaussian_into, noise_key
 from evora.strategies.eggroll.config import EggrollConfig
-from evora.strategies.full_weights import MasterWeights, member_coefficients, with_fitness
+from evora.strategies.full_weights import MasterWeights, with_fitness
+from evora.strategies.noise_sums import member_coefficients
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
 from evora.strategies.shaping import shape
 

@@ -10,6 +10,7 @@ register_strategy(
     summary="evolution strategies over the LoRA tensors (antithetic, z-score, SGD/Adam)",
     validate=check_es,
     center="mean",
+    summed=True,  # the workers sum the members' noise (strategies/noise_sums.py)
     report_keys=("population", "sigma", "lr", "antithetic", "shaping", "optimizer"),
     console_keys=(("update_norm", "|update|"),),
 )(EvolutionStrategy)

@@ -5,6 +5,11 @@
 with w the shaped fitness, eps_i ~ N(0, I) per tensor from `lora.noise`, antithetic pairs
 (eps, -eps) sharing one draw, optional per-tensor sigma multipliers (per-layer scale)
 and decoupled weight decay. Master weights stay fp32.
+
+The sum over members is computed where the noise is (`strategies/noise_sums.py`): the workers
+sum fixed groups of members, and the driver adds the groups and takes the step (`tell_with`);
+`tell` does both here. The noise is LoRA noise, drawn on the CPU over the process's threads:
+vLLM builds adapters on the host and copies them into its GPU slots.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from evora.lora.noise import member_noise
+from evora.lora.noise import in_parallel, member_noise, noise_key, weighted_sum
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.es.config import ESConfig
+from evora.strategies.noise_sums import NoiseSums, member_coefficients, member_groups, summed_locally
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told, clone_tensors
 from evora.strategies.shaping import shape, shaping_input
 
@@ -79,32 +85,56 @@ class EvolutionStrategy:
 
     def materialise(self, payload: ESPayload, spec: CandidateSpec) -> Tensors:
         scales = payload.noise_scales
-        return {
-            k: v + (spec.sign * self.sigma_of(scales, k)) * self.noise(spec.generation, spec.member, k, tuple(v.shape))
-            for k, v in payload.theta.items()
-        }
 
-    def gradient(self, state: ESState, specs: list[CandidateSpec], fitness: np.ndarray) -> Tensors:
-        """1/(N sigma_k) * sum_i w_i sign_i eps_i, one noise draw per member, in a fixed order."""
+        def perturbed(item: tuple[str, torch.Tensor]) -> torch.Tensor:
+            k, v = item
+            eps = self.noise(spec.generation, spec.member, k, tuple(v.shape))
+            return v + (spec.sign * self.sigma_of(scales, k)) * eps
+
+        return dict(zip(payload.theta, in_parallel(perturbed, list(payload.theta.items()))))
+
+    # --- the update: sums of the members' noise, then the step ---------------------------
+
+    def noise_sums(self, state: ESState, specs: list[CandidateSpec], results: GenerationResults) -> NoiseSums:
+        return self._sums(specs, shaping_input(results, self.cfg.shaping))
+
+    def _sums(self, specs: list[CandidateSpec], fitness: np.ndarray) -> NoiseSums:
         if [s.index for s in specs] != list(range(len(specs))):
             raise ValueError("specs must be the whole population in index order")
-        weights = shape(fitness, self.cfg.shaping)
-        coefficient: dict[int, float] = {}
-        for spec, w in zip(specs, weights):
-            coefficient[spec.member] = coefficient.get(spec.member, 0.0) + float(w) * spec.sign
-        generation = specs[0].generation
-        grad = {}
-        for name, value in state.theta.items():
-            acc = torch.zeros_like(value)
-            for member in sorted(coefficient):
-                if coefficient[member] != 0.0:
-                    acc.add_(self.noise(generation, member, name, tuple(value.shape)), alpha=coefficient[member])
-            grad[name] = acc / (len(specs) * self.sigma_of(state.noise_scales, name))
-        return grad
+        coefficients = member_coefficients(specs, shape(fitness, self.cfg.shaping))
+        return NoiseSums(specs[0].generation, coefficients, member_groups(len(coefficients)))
+
+    def group_sum(self, payload: ESPayload, sums: NoiseSums, group: int) -> Tensors:
+        """sum over the group's members of c_m eps_m per tensor, members in order (c_m = 0 skipped),
+        tensors at once over the process's threads."""
+        start, stop = sums.groups[group]
+        live = [(m, sums.coefficients[m]) for m in range(start, stop) if sums.coefficients[m] != 0.0]
+
+        def summed(item: tuple[str, torch.Tensor]) -> torch.Tensor:
+            name, value = item
+            keys = [(noise_key(self.run_seed, "noise", sums.generation, m, name), c) for m, c in live]
+            return weighted_sum(keys, tuple(value.shape))
+
+        return dict(zip(payload.theta, in_parallel(summed, list(payload.theta.items()))))
+
+    def gradient(self, state: ESState, specs: list[CandidateSpec], fitness: np.ndarray) -> Tensors:
+        """1/(N sigma_k) * sum_i w_i sign_i eps_i, one noise draw per member, summed here."""
+        sums = self._sums(specs, fitness)
+        total = summed_locally(self, ESPayload(sums.generation, state.theta, state.noise_scales), sums)
+        return self._scaled(state, total, len(specs))
+
+    def _scaled(self, state: ESState, total: Tensors, candidates: int) -> Tensors:
+        return {k: total[k] / (candidates * self.sigma_of(state.noise_scales, k)) for k in state.theta}
 
     def tell(self, state: ESState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
+        sums = self.noise_sums(state, specs, results)
+        total = summed_locally(self, ESPayload(sums.generation, state.theta, state.noise_scales), sums)
+        return self.tell_with(state, specs, results, total)
+
+    def tell_with(self, state: ESState, specs: list[CandidateSpec], results: GenerationResults, total: Tensors) -> Told:
+        """The step from the members' summed noise (`noise_sums`' groups, added in order)."""
         theta = state.theta
-        grad = self.gradient(state, specs, shaping_input(results, self.cfg.shaping))
+        grad = self._scaled(state, total, len(specs))
         step = state.step + 1
         new = ESState(theta={}, step=step, noise_scales=state.noise_scales)
         direction = grad
