@@ -49,6 +49,8 @@ test: setup slurm
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
+# ARGS="--workload uneven|long", "--device cuda", ...; ARGS=--smoke: every in-process path at the
+# least size, in about a minute, results in a temporary folder (tests/integration/test_benches.py).
 bench: setup
 	$(BIN)/python bench/throughput.py $(ARGS)
 

@@ -1,7 +1,8 @@
 """The CPU multi-LoRA op against the plain matmuls it performs (docs/architecture.md,
 "Benchmarks"). Every figure is a ratio measured in this one run on this machine.
 
-    python bench/cpu_lora.py [--adapters 16] [--rank 8] [--threads 2]
+    python bench/cpu_lora.py [--adapters 16] [--rank 8] [--threads 2] [--out FILE]
+    python bench/cpu_lora.py --smoke [--out FILE]
 
 For each LoRA layer of the bench model of bench/throughput.py (fused qkv, o, fused gate_up,
 down; hidden 512, intermediate 1536, 4 key-value heads of 64) and three batch shapes:
@@ -21,6 +22,10 @@ one LoRA product y += (x A^T) B^T per row with its adapter's (A, B), by
   per adapter   evora's previous op: one matmul per adapter per slice (rows found per call)
   vLLM          vLLM's own torch ops: a weight gathered for every row, then an einsum
   base layer    the layer's own matmul x W^T, for scale (and the LoRA's FLOPs against it)
+
+Results: bench/results/cpu_lora.json. --smoke (CI: tests/integration/test_benches.py) measures
+every layer, batch shape and op with 2 adapters and one timed repeat; its figures mean nothing,
+and it writes to --out, by default a file in a new temporary folder, never over bench/results.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +42,7 @@ import torch
 from evora.engines import vllm_cpu_lora as grouped_ops
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SMOKE = {"adapters": 2, "repeats": 1}  # --smoke: every layer, shape and op, at the least size
 LAYERS = {"qkv": (512, (512, 256, 256)), "o": (512, (512,)), "gate_up": (512, (1536, 1536)), "down": (1536, (512,))}
 
 
@@ -185,8 +192,17 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--out", default=str(RESULTS / "cpu_lora.json"))
+    parser.add_argument(
+        "--out", help="the results file (default: bench/results/cpu_lora.json; --smoke: in a temporary folder)"
+    )
+    parser.add_argument("--smoke", action="store_true", help="every layer, shape and op at the least size (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    if args.out is None:
+        folder = Path(tempfile.mkdtemp(prefix="evora-bench-smoke-")) if args.smoke else RESULTS
+        args.out = str(folder / "cpu_lora.json")
     torch.set_num_threads(args.threads)
     shapes = ("decode, uniform", "decode, uneven", "prefill")
     rows = [measure(layer, shape, args) for shape in shapes for layer in LAYERS]

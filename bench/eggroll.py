@@ -2,6 +2,7 @@
 (docs/architecture.md, "Benchmarks"). Every figure is a ratio measured in this one run.
 
     python bench/eggroll.py [--population 30] [--prompts 32] [--tokens 16] [--device cpu|cuda] [--model PATH]
+    python bench/eggroll.py --smoke [--out FILE]
 
   evora         strategy=eggroll: N rank-r LoRAs rebuilt from seeds, one multi-LoRA generate
                 over N x P prompts; then the update, applied to the fp32 master copies and
@@ -17,6 +18,11 @@
 Without --model, the bench model of bench/throughput.py (a ~26M-parameter Llama with random
 weights) stands in for a real model; every sequence generates exactly --tokens tokens
 (ignore_eos). On a GPU machine (vLLM's GPU build): --device cuda [--model <folder or hub id>].
+Results: bench/results/eggroll.json.
+
+--smoke (CI: tests/integration/test_benches.py) runs every path at the least size: 2 candidates
+x 2 prompts x 2 tokens, one repeat. Its figures mean nothing; it writes to --out, by default a
+file in a new temporary folder, never over bench/results.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from bench_model import RESULTS, build_bench_model  # noqa: E402  (the same benc
 
 from evora.models.parameters import count_parameters  # noqa: E402
 
+SMOKE = {"population": 2, "prompts": 2, "tokens": 2, "repeats": 1}  # --smoke: every path at the least size
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -165,8 +172,17 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--model", help="a local model folder (default: the ~26M random-weight bench model)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
-    parser.add_argument("--out", default=str(RESULTS / "eggroll.json"))
+    parser.add_argument(
+        "--out", help="the results file (default: bench/results/eggroll.json; --smoke: in a temporary folder)"
+    )
+    parser.add_argument("--smoke", action="store_true", help="every path at the least size (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    if args.out is None:
+        folder = Path(tempfile.mkdtemp(prefix="evora-bench-smoke-")) if args.smoke else RESULTS
+        args.out = str(folder / "eggroll.json")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.model is None:
         folder = Path(tempfile.mkdtemp(prefix="evora-bench-model-"))

@@ -4,7 +4,8 @@ population, and its share of a generation.
 
     python bench/eggroll_update.py [--models qwen2.5-1.5b,qwen2.5-7b] [--populations 30,1024,16384]
         [--layers 1] [--matrices mlp.down_proj,...] [--rank 1] [--threads 2] [--device cpu|cuda]
-        [--generation-seconds 60] [--append]
+        [--generation-seconds 60] [--append] [--out FILE]
+    python bench/eggroll_update.py --smoke [--out FILE]
 
   (what fits a shared 2-core CPU in minutes: the three populations of -1.5B on one layer, -7B's
   30 and 1,024 on one layer, then --append -7B's 1,024 and 16,384 on k_proj + down_proj only)
@@ -27,6 +28,11 @@ Peak memory: the resident set's growth over the apply (cpu), or torch's peak all
 The CPU is often shared with other jobs: wall seconds are upper bounds; the process's CPU seconds
 (all its threads: about threads x wall on an idle machine) are measured and extrapolated alongside. Results:
 bench/results/eggroll_update.json.
+
+--smoke (CI: tests/integration/test_benches.py) measures both models at populations 2 and 4 (so
+a growth exponent too), one layer's k_proj only (the smallest matrix), one repeat. Its figures
+mean nothing; it writes to --out, by default a file in a new temporary folder, never over
+bench/results.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import argparse
 import json
 import math
 import statistics
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -49,6 +56,9 @@ from evora.strategies.full_weights import MasterWeights
 
 MATRICES = tuple(f"self_attn.{m}_proj" for m in "qkvo") + tuple(f"mlp.{m}_proj" for m in ("gate", "up", "down"))
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+
+# --smoke: both models, two populations (a growth exponent), the smallest matrix, one repeat
+SMOKE = {"populations": "2,4", "matrices": "self_attn.k_proj", "layers": 1, "repeats": 1}
 
 # (hidden, intermediate, attention heads, KV heads, head_dim, layers): transformers' Qwen2Config of each
 MODELS = {
@@ -230,9 +240,18 @@ def main() -> None:
         default="60",
         help="ASSUMED evaluation seconds of a generation (one value, or one per population)",
     )
-    parser.add_argument("--out", default=str(RESULTS / "eggroll_update.json"))
+    parser.add_argument(
+        "--out", help="the results file (default: bench/results/eggroll_update.json; --smoke: in a temporary folder)"
+    )
     parser.add_argument("--append", action="store_true", help="keep --out's rows of other models/populations/matrices")
+    parser.add_argument("--smoke", action="store_true", help="both models at the least size, in seconds (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    if args.out is None:
+        folder = Path(tempfile.mkdtemp(prefix="evora-bench-smoke-")) if args.smoke else RESULTS
+        args.out = str(folder / "eggroll_update.json")
     torch.set_num_threads(args.threads)
     args.matrices = args.matrices.split(",")
     if not set(args.matrices) <= set(MATRICES):

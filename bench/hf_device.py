@@ -1,7 +1,8 @@
 """The transformers engine on an accelerator against the same engine on the CPU (docs/architecture.md,
 "Benchmarks"): the paths of `engine=hf` that run on a GPU machine without vLLM or Ray.
 
-    python bench/hf_device.py --device cuda [--population 16] [--prompts 32] [--tokens 16]
+    python bench/hf_device.py --device cuda [--population 16] [--prompts 32] [--tokens 16] [--out FILE]
+    python bench/hf_device.py --smoke [--device cpu|cuda] [--out FILE]
 
 The real EngineWorker (engine=hf, the ES strategy: N LoRA candidates rebuilt from seeds, one
 adapter at a time through PEFT, its prompts batched) evaluates the same unit on each device:
@@ -17,6 +18,13 @@ adapter at a time through PEFT, its prompts batched) evaluates the same unit on 
                the adapters, loading them, generating, rewards).
 
 Results: bench/results/hf_device.json.
+
+--device cpu compares the CPU with itself (the same paths, parity then expected to be exact).
+--smoke (CI: tests/integration/test_benches.py) runs every path at the least size (2 candidates
+x 2 prompts x 2 tokens, one repeat; parity's sampled unit keeps its 8 held-out prompts) on
+--device, by default cuda where torch sees a CUDA device and otherwise cpu, compared against
+cpu. Its figures mean nothing; it writes to --out, by default a file in a new temporary folder,
+never over bench/results.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import torch
 from bench_model import RESULTS, ROOT, bench_layout, build_bench_model
 
 TINY = str(ROOT / "evora" / "models" / "tiny")
+SMOKE = {"population": 2, "prompts": 2, "tokens": 2, "repeats": 1}  # --smoke: every path at the least size
 
 
 def start_worker(model: str, device: str, dtype: str, args: argparse.Namespace, extra: list[str]) -> Any:
@@ -122,14 +131,27 @@ def throughput(model: str, device: str, dtype: str, args: argparse.Namespace) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), help="default: cuda (--smoke: cuda if there is one, else cpu)"
+    )
     parser.add_argument("--population", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of the CPU engine")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=str(RESULTS / "hf_device.json"))
+    parser.add_argument(
+        "--out", help="the results file (default: bench/results/hf_device.json; --smoke: in a temporary folder)"
+    )
+    parser.add_argument("--smoke", action="store_true", help="every path at the least size (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    if args.device is None:
+        args.device = "cpu" if args.smoke and not torch.cuda.is_available() else "cuda"
+    if args.out is None:
+        folder = Path(tempfile.mkdtemp(prefix="evora-bench-smoke-")) if args.smoke else RESULTS
+        args.out = str(folder / "hf_device.json")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
     with tempfile.TemporaryDirectory(prefix="evora-bench-") as folder:

@@ -2,7 +2,9 @@
 docs/architecture.md, "Benchmarks"; issue 28).
 
     python bench/scale.py [--strategies es,ga,eggroll,ecology] [--populations 32,256,1024,4096,16384]
-                          [--workers 2,8,16,32,64] [--grid sweep|full] [--generations 3] [overrides ...]
+                          [--workers 2,8,16,32,64] [--grid sweep|full] [--generations 3] [--out FILE]
+                          [overrides ...]
+    python bench/scale.py --smoke [--out FILE]
 
 The real driver, pool, strategies, checkpoints and Ray actors, with a bench-only engine
 (`scale_engine.BenchEngine`) that answers every request with one precomputed completion in
@@ -16,12 +18,24 @@ part's median (`ask`, ...) and least (`ask_min`, ...), and the table, the growth
 the plots use the least: on a shared machine, the closest to the code's own cost. `worker_busy`
 is the workers' own seconds inside `evaluate`, summed over units (candidates materialised, the
 constant-time answers, rewards): the part of dispatch that is work, not messaging.
+`workers_with_cells` (table: w/cells) is the fewest workers that evaluated cells in a kept
+generation, and `busy_share_min` (min shr) the least busy worker's own seconds over the
+generation's evaluation, at hardware.min_units=--min-units (8, hardware=gpu's default):
+`--strategies es --populations 30 --workers 8 --grid full` is the ES paper's population on a node.
 
 --grid sweep (default): every population at `--at-workers`, and every worker count at
 `--at-population`; --grid full: every pair. A configuration is skipped when the memory its
 workers would take (measured per worker at the first configuration) would leave under
 `--keep-free-gib` available. Writes bench/results/scale.json, scale_population.png and
 scale_workers.png, and prints a table per strategy.
+
+--smoke (CI: tests/integration/test_benches.py): one configuration, eggroll (a population
+strategy, with the bench engine's weight hooks and the weight sync in tell) at population 8 on
+one worker, 2 generations (one left out as warm-up), a 0.5 GiB object store and 1 GiB kept
+free: 30 s or more on a small machine, mostly Ray and its actors starting (`--smoke
+--strategies eggroll,ecology` adds the ecology's own overrides, another such run). Its figures
+mean nothing; it writes to --out, by default a file in a new temporary folder, never over
+bench/results.
 """
 
 from __future__ import annotations
@@ -49,6 +63,18 @@ PARTS = ("ask", "dispatch", "results", "tell", "checkpoint", "other", "total")
 MEASURES = ("store_bytes", "driver_rss", "checkpoint_bytes")
 GOAL_S = 1.0  # the whole orchestration at the largest configuration, per generation
 GiB = 2**30
+# --smoke: one small configuration of the strategy that runs the most of the bench's own code
+SMOKE = {
+    "strategies": "eggroll",
+    "populations": [8],
+    "workers": [1],
+    "at_workers": 1,
+    "at_population": 8,
+    "generations": 2,
+    "warmup": 1,
+    "object_store_gib": 0.5,
+    "keep_free_gib": 1.0,
+}
 
 
 def strategy_overrides(strategy: str, population: int, prompts: int) -> list[str]:
@@ -113,6 +139,7 @@ def run_one(strategy: str, population: int, workers: int, args: argparse.Namespa
         "engine=hf",  # validated as the product's; every Ray process of the bench runs BenchEngine under it
         f"engine.units={args.units}",
         f"engine.max_loras={args.max_loras}",
+        f"hardware.min_units={args.min_units}",
         f"hardware.num_workers={workers}",
         f"hardware.cpus_per_worker={args.cpus / workers:.6g}",
         "hardware.driver_restarts=0",
@@ -140,7 +167,7 @@ def run_one(strategy: str, population: int, workers: int, args: argparse.Namespa
             # The workers' own seconds inside `evaluate`, summed over units (candidates built, the
             # engine's constant-time answers, rewards): the part of dispatch that is not messaging.
             worker = sum(event.get(f"seconds_{k}", 0.0) for k in ("materialise", "generate", "reward", "perplexity"))
-            rows.append({**event["bench"], "worker_busy": worker})
+            rows.append({**event["bench"], "worker_busy": worker, **busy_shares(event, workers)})
             if "worker_memory" not in seen:
                 seen["worker_memory"] = worker_memory(tag)
             b = event["bench"]
@@ -160,6 +187,9 @@ def run_one(strategy: str, population: int, workers: int, args: argparse.Namespa
         "workers": workers,
         "specs": kept[-1]["specs"],
         "units": kept[-1]["units"],
+        # Every generation's least: the workers that evaluated cells, and the least busy one's share.
+        "workers_with_cells": min(r["workers_with_cells"] for r in kept),
+        "busy_share_min": min(r["busy_share_min"] for r in kept),
         **{k: statistics.median(r[k] for r in kept) for k in (*PARTS, "worker_busy")},
         # The least over the kept generations: on a shared machine, the closest to the code's own cost.
         **{f"{k}_min": min(r[k] for r in kept) for k in (*PARTS, "worker_busy")},
@@ -172,6 +202,15 @@ def run_one(strategy: str, population: int, workers: int, args: argparse.Namespa
     }
     shutil.rmtree(run_dir, ignore_errors=True)
     return result
+
+
+def busy_shares(event: Mapping[str, Any], workers: int) -> dict[str, Any]:
+    """How many of the `workers` evaluated cells in a generation, and each one's busy share: its
+    own seconds in its units over the generation's evaluation (0 for a worker given no unit)."""
+    busy = event.get("worker_busy_seconds") or {}
+    seconds = max(event.get("seconds_evaluate", 0.0), 1e-9)
+    shares = sorted(busy.get(str(w), 0.0) / seconds for w in range(workers))
+    return {"workers_with_cells": len(busy), "busy_share_min": shares[0], "busy_shares": shares}
 
 
 def with_minima(result: dict[str, Any], warmup: int) -> dict[str, Any]:
@@ -219,7 +258,8 @@ def table(results: list[dict[str, Any]]) -> str:
     head = (
         f"{'strategy':<8} {'N':>6} {'W':>3} {'units':>5} "
         + " ".join(f"{k:>9}" for k in PARTS)
-        + f" {'wrk busy':>9} {'store MB':>9} {'drv MB':>7} {'ckpt KB':>9} {'wrk RSS':>7} {'wrk USS':>7}"
+        + f" {'wrk busy':>9} {'w/cells':>7} {'min shr':>7}"
+        + f" {'store MB':>9} {'drv MB':>7} {'ckpt KB':>9} {'wrk RSS':>7} {'wrk USS':>7}"
     )
     lines = [head]
     for r in sorted(results, key=lambda r: (r["strategy"], r["workers"], r["population"])):
@@ -227,6 +267,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{r['strategy']:<8} {r['population']:>6} {r['workers']:>3} {r['units']:>5} "
             + " ".join(f"{r[f'{k}_min']:>9.4f}" for k in PARTS)
             + f" {r['worker_busy_min']:>9.4f}"
+            + f" {r.get('workers_with_cells', 0):>3}/{r['workers']:<3} {r.get('busy_share_min', 0.0):>7.2f}"
             + f" {r['store_bytes'] / 2**20:>9.2f} {r['driver_rss'] / 2**20:>7.0f}"
             + f" {r['checkpoint_bytes'] / 1024:>9.1f} {r['worker_rss_mean'] / 2**20:>7.0f}"
             + f" {r['worker_uss_mean'] / 2**20:>7.0f}"
@@ -284,13 +325,25 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--units", choices=("fixed", "whole"), default="fixed", help="engine.units")
     parser.add_argument("--max-loras", type=int, default=8, help="engine.max_loras: candidates per unit (fixed)")
+    parser.add_argument(
+        "--min-units", type=int, default=8, help="hardware.min_units (8: hardware=gpu's default, a node's GPUs)"
+    )
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="Ray CPUs the workers share")
     parser.add_argument("--object-store-gib", type=float, default=2.0)
     parser.add_argument("--keep-free-gib", type=float, default=6.0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    parser.add_argument(
+        "--out", type=Path, help="the results file (default: bench/results/scale.json; --smoke: in a temporary folder)"
+    )
     parser.add_argument("--merge", type=Path, nargs="+", help="no runs: merge these results files into --out")
+    parser.add_argument("--smoke", action="store_true", help="one small configuration (CI)")
     parser.add_argument("overrides", nargs="*", help="more evora config overrides")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    if args.out is None:
+        folder = Path(tempfile.mkdtemp(prefix="evora-bench-smoke-")) if args.smoke else RESULTS
+        args.out = folder / "scale.json"
     if args.merge:
         parts = [json.loads(path.read_text()) for path in args.merge]
         merged = [with_minima(r, args.warmup) for part in parts for r in part["results"]]

@@ -63,6 +63,9 @@ class BenchEngine:
     def set_base_weights(self, weights: Mapping[str, Any]) -> None:
         self.weights = dict(weights)  # references only: the worker's master copies
 
+    def perturb_base(self, master: Mapping[str, Any], noise: Sequence[Any]) -> None:
+        self.weights = dict(master)  # es_full's candidate, by seeds: orchestration only, nothing drawn
+
     def shutdown(self) -> None:
         self.weights = {}
 

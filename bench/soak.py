@@ -3,6 +3,7 @@
     python bench/soak.py [--generations 500] [--warmup 10] [overrides ...]
     python bench/soak.py --generations 200 strategy=eggroll
     python bench/soak.py --generations 200 strategy=ecology
+    python bench/soak.py --smoke [--out FOLDER] [overrides ...]
 
 Every generation it samples the driver actor's and each engine worker's RSS (with their
 child processes) and open file descriptors, the scratch entries on /dev/shm, the Ray object
@@ -12,6 +13,12 @@ generation, the ecology's births and archive). Writes bench/results/soak_<strate
 .png, and prints start (after warm-up), end and max of each curve. The goal: flat within 5%
 for memory, file descriptors, /dev/shm and the object store; the run folder and the state
 grow, stated as bytes per generation (a least-squares slope after warm-up).
+
+--smoke (CI: tests/integration/test_benches.py): 4 generations (3 sampled, the first of them
+warm-up) of a quickstart cut to one worker on engine=hf (no vLLM to start: the bench's own code
+is the same), 4 candidates, 4 prompts a generation and 8 held-out; overrides given after it
+still win (`--smoke engine=vllm`). Its figures mean nothing; it writes to --out, by default a new
+temporary folder, never over bench/results.
 """
 
 from __future__ import annotations
@@ -34,6 +41,17 @@ from evora.distributed.worker_memory import process_tree_rss_mb
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 GOAL = 0.05  # flat within 5% after warm-up
+# --smoke: the quickstart at the least size that still samples every measure
+SMOKE = {"generations": 4, "warmup": 1}
+SMOKE_OVERRIDES = [
+    "engine=hf",
+    "hardware.num_workers=1",
+    "strategy.population=4",
+    "task.prompts_per_generation=4",
+    "task.eval_size=8",
+    "task.selection_size=0",
+    "eval_every=0",
+]
 GROWS = ("run_dir_bytes", "state_bytes")  # linear by design: reported per generation, not held flat
 
 
@@ -125,8 +143,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--generations", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=10, help="generations before the start of each curve")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="folder for the JSON and the plot (default: bench/results; --smoke: in a temporary folder)",
+    )
+    parser.add_argument("--smoke", action="store_true", help="a few generations at the least size (CI)")
     parser.add_argument("overrides", nargs="*", help="evora config overrides (the quickstart's by default)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        args.overrides = [*SMOKE_OVERRIDES, *args.overrides]
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="evora-bench-smoke-")) if args.smoke else RESULTS
 
     from evora.distributed.launch import launch
     from evora.plan.compose import compose_run, setup
@@ -150,7 +180,7 @@ def main() -> None:
     started = time.time()
     launch(build_plan(run), str(run_dir), on_event)
     table = report(samples, args.warmup)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "generations": args.generations,
         "warmup": args.warmup,
@@ -159,7 +189,7 @@ def main() -> None:
         "summary": table,
         "samples": samples,
     }
-    stem = RESULTS / f"soak_{run.strategy.name}"
+    stem = args.out / f"soak_{run.strategy.name}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     plot(samples, args.warmup, stem.with_suffix(".png"))
     print_table(table)

@@ -2,6 +2,8 @@
 Every figure is a ratio measured in this one run on this machine.
 
     python bench/throughput.py [--workload fixed|uneven|long] [--device cpu|cuda] [--model PATH]
+                               [--no-overhead] [--no-round-trip] [--out FOLDER]
+    python bench/throughput.py --smoke [--workload uneven] [--overhead] [--out FOLDER]
 
 Workloads (every path generates exactly the same tokens, `ignore_eos`):
   fixed    16 adapters x 32 prompts x 16 tokens
@@ -20,11 +22,18 @@ Paths:
   seeds' way    one adapter at a time through transformers generate (PEFT), prompts batched
   base limit    the same vLLM engine generating the same sequences with the base model only
   overhead      share of a real `evora` generation (1 worker, the CLI) spent outside generate,
-                at the workload's mean length
+                at the workload's mean length (--no-overhead leaves this run out)
 
 Then the adapter round trip at real models' shapes (no generation): materialising an ES
 candidate, writing it to /dev/shm and vLLM's load from the file, against vLLM's load of
 the same tensors from memory, for Qwen2.5-0.5B and -7B at rank 8 on all seven modules.
+
+--smoke runs every in-process path at the least size, for CI (tests/integration/test_benches.py):
+2 adapters x 2 prompts x 8 tokens (uneven: median 4, shortest 2), max_loras 1 (so `fixed` makes
+two calls and `whole` one), one repeat, the round trip of 2 candidates at Qwen2.5-0.5B's shapes
+only, and no CLI run: starting Ray, a driver and a worker takes a minute or more on a small
+machine (`--smoke --overhead` adds a 3-generation one). Its figures mean nothing; it writes to
+--out, by default a new temporary folder, never over bench/results.
 
 --previous measures evora as it was before the grouped CPU LoRA op and in-memory adapters
 (the in-process paths; the CLI run only goes back to files), for before/after tables.
@@ -91,6 +100,19 @@ WORKLOADS = {
     ),
     "long": Workload("long", population=4, prompts=8, tokens=1024, max_loras=4, generations=3),
 }
+# --smoke: the least size that still runs every in-process path, without the CLI run (--overhead
+# adds it back: 3 generations give one measured span, the first being warm-up); flags given
+# with --smoke still win.
+SMOKE = {
+    "population": 2,
+    "prompts": 2,
+    "tokens": 8,
+    "max_loras": 1,
+    "repeats": 1,
+    "round_trip_candidates": 2,
+    "overhead": False,
+}
+SMOKE_GENERATIONS, SMOKE_MEDIAN, SMOKE_SHORTEST = 3, 4.0, 2
 
 
 class PerRequestLengths:
@@ -99,9 +121,12 @@ class PerRequestLengths:
     def __init__(self, engine: Any, workload: Workload):
         self.engine, self.workload = engine, workload
 
-    def generate(self, prompts, adapters, max_tokens):
+    def generate(self, prompts, adapters, max_tokens, *rest, **options):
+        """The engine protocol's `generate` (evora/engines/base.py) with max_tokens replaced by
+        the workload's; the protocol's other arguments (sampling, ...) passed on as they come."""
         labels = [a.name.split("#")[0] if a is not None else "base" for a in adapters]
-        return self.engine.generate(prompts, adapters, [self.workload.length_of(b, p) for b, p in zip(labels, prompts)])
+        lengths = [self.workload.length_of(b, p) for b, p in zip(labels, prompts)]
+        return self.engine.generate(prompts, adapters, lengths, *rest, **options)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -182,7 +207,7 @@ def previous_implementation(engine: Any) -> None:
 
 def measure_paths(model: str, args: argparse.Namespace, workload: Workload) -> dict:
     """evora (both unit modes), the base limit and the seeds' way, on the same sequences."""
-    from evora.distributed.evaluate import search_units
+    from evora.distributed.units import search_units
     from evora.distributed.worker import WorkUnit
     from evora.lora.init import random_adapter
 
@@ -194,8 +219,8 @@ def measure_paths(model: str, args: argparse.Namespace, workload: Workload) -> d
 
     def evora(units: str):
         specs, payload = worker.strategy.ask(state, next(generations))
-        chunks = search_units(specs, units, workload.max_loras, workers=1)
-        return [worker.evaluate(payload, WorkUnit(tuple(c), "train", prompts)) for c in chunks]
+        cut = search_units(specs, prompts, units, workload.max_loras, workers=1)  # the search's own cut
+        return [worker.evaluate(payload, WorkUnit(tuple(c), "train", p)) for c, p in cut]
 
     specs, payload = worker.strategy.ask(state, 0)
     texts = [worker.prompt_ids("train", i) for i in prompts]
@@ -392,15 +417,18 @@ def report_of(workload: Workload, args: argparse.Namespace, parameters: int | No
         "evora_whole_vs_seeds_way": tps["evora_whole"] / tps["seeds_way"],
         "evora_vs_base_only_limit": tps["evora"] / tps["base_only"],
         "evora_whole_vs_base_only_limit": tps["evora_whole"] / tps["base_only"],
-        "overhead_share_of_generation": measured["overhead_share"],
     }
+    per_worker = dict(tps)
+    if "overhead_share" in measured:  # not with --no-overhead
+        ratios["overhead_share_of_generation"] = measured["overhead_share"]
+        per_worker["cli_run"] = measured["cli_tokens_per_second_per_worker"]
     return {
         "workload": {**workload.__dict__},
         "setup": {**vars(args), "model_parameters": parameters, "engine_workers": 1},
         "measured": measured,
         "tokens_per_second": tps,
         # One engine worker ran every in-process path; the CLI run's figure is per worker too.
-        "tokens_per_second_per_worker": {**tps, "cli_run": measured["cli_tokens_per_second_per_worker"]},
+        "tokens_per_second_per_worker": per_worker,
         "ratios": ratios,
         "targets": {
             "evora_vs_seeds_way": ">= 3 (uneven)",
@@ -434,7 +462,9 @@ def print_tables(report: dict) -> None:
         else:
             ratio = ""
         table.add_row(row, f"{tps[path]:,.0f}", f"{tps[path]:,.0f}", ratio)
-    table.add_row("share of a CLI generation outside generate", "", "", f"{ratios['overhead_share_of_generation']:.1%}")
+    share = ratios.get("overhead_share_of_generation")
+    shown = "not measured (--no-overhead)" if share is None else f"{share:.1%}"
+    table.add_row("share of a CLI generation outside generate", "", "", shown)
     table.add_row("materialise share of evora's evaluate", "", "", f"{measured['materialise_share_of_evaluate']:.1%}")
     console = Console(width=150)
     console.print(table)
@@ -525,12 +555,25 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--round-trip-candidates", type=int, default=4, help="candidates timed per real shape")
     parser.add_argument("--no-round-trip", action="store_true", help="skip the real-shape adapter round trip")
     parser.add_argument(
+        "--overhead",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the CLI run that measures the overhead share (default: yes; --smoke: no)",
+    )
+    parser.add_argument(
         "--previous",
         action="store_true",
         help="evora before the grouped CPU LoRA op and in-memory adapters (CPU), for before/after tables",
     )
-    parser.add_argument("--out", default=str(RESULTS), help="folder for the JSON and the plot")
+    parser.add_argument(
+        "--out", help="folder for the JSON and the plot (default: bench/results; --smoke: in a temporary folder)"
+    )
+    parser.add_argument("--smoke", action="store_true", help="every in-process path at the least size (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    args.out = args.out or (tempfile.mkdtemp(prefix="evora-bench-smoke-") if args.smoke else str(RESULTS))
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     return args
 
@@ -538,6 +581,13 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     preset = WORKLOADS[args.workload]
+    if args.smoke:
+        preset = replace(
+            preset,
+            generations=SMOKE_GENERATIONS,
+            median=min(preset.median, SMOKE_MEDIAN),
+            shortest=min(preset.shortest, SMOKE_SHORTEST),
+        )
     workload = replace(
         preset,
         population=args.population or preset.population,
@@ -553,13 +603,15 @@ def main() -> None:
     else:
         parameters, model = None, args.model
     measured = measure_paths(model, args, workload)
-    measured.update(measure_overhead(model, args, workload, measured["mean_length"]))
+    if args.overhead:
+        measured.update(measure_overhead(model, args, workload, measured["mean_length"]))
     if folder is not None:
         shutil.rmtree(folder)
     args.model = args.model or "bench model"
     report = report_of(workload, args, parameters, measured)
     if not args.no_round_trip:
-        report["round_trip"] = {name: {"rank": args.rank, **round_trip(name, args)} for name in REAL_SHAPES}
+        shapes = list(REAL_SHAPES)[:1] if args.smoke else list(REAL_SHAPES)
+        report["round_trip"] = {name: {"rank": args.rank, **round_trip(name, args)} for name in shapes}
     print_tables(report)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,8 @@ from evora.distributed.evaluate import (
 from evora.distributed.full_weights import EngineWeights
 from evora.distributed.pool import WorkerPool
 from evora.distributed.recorder import Recorder
-from evora.distributed.units import search_units
-from evora.distributed.worker import GroupSum, GroupTask, UnitResult, WorkUnit
+from evora.distributed.units import GroupSum, GroupTask, search_units
+from evora.distributed.worker import UnitResult, WorkUnit
 from evora.errors import RunError
 from evora.lora.noise import noise_key
 from evora.plan.run_plan import RunPlan
@@ -262,7 +262,16 @@ def unit_stats(results: list[UnitResult], seconds: float) -> dict[str, Any]:
         "units": len(results),  # generate calls the candidates took (engine.units)
         **timing_sums(results),
         "worker_rss_mb": {str(r.worker): r.rss_mb for r in results},
+        "worker_busy_seconds": busy_seconds(results),  # only workers that had a unit appear
     }
+
+
+def busy_seconds(results: list[UnitResult]) -> dict[str, float]:
+    """Each worker's own seconds in its units (materialise, generate, reward, perplexity, KL)."""
+    busy: dict[str, float] = {}
+    for result in results:
+        busy[str(result.worker)] = busy.get(str(result.worker), 0.0) + float(sum(result.timings.values()))
+    return busy
 
 
 def finite_fitness(fitness: np.ndarray) -> tuple[np.ndarray, int]:

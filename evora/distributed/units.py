@@ -4,6 +4,10 @@ the pool's size never changes a result (docs/architecture.md, "Determinism rules
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from evora.lora import Tensors
+from evora.strategies.noise_sums import NoiseSums
 from evora.strategies.protocol import prompts_of
 
 EVAL_CHUNK = 64  # examples per work unit of an evaluation (held-out, selection)
@@ -44,3 +48,19 @@ def largest_call(max_loras: int, prompts: int, samples: int, eval_samples: int) 
     on a generation's prompts, each sampled) or an evaluation unit (the base model and the center
     on EVAL_CHUNK examples)."""
     return max(max_loras * prompts * samples, 2 * EVAL_CHUNK * eval_samples)
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """A unit of a summed strategy's update: one fixed group of members to sum (strategies/noise_sums.py)."""
+
+    sums: NoiseSums
+    group: int
+
+
+@dataclass(frozen=True)
+class GroupSum:
+    group: int
+    tensors: Tensors  # sum over the group's members of c_m eps_m, per tensor
+    worker: int
+    seconds: float

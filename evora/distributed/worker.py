@@ -33,6 +33,7 @@ from evora.distributed.cells import (
     text_rows,
 )
 from evora.distributed.in_place import complete_in_place
+from evora.distributed.units import GroupSum, GroupTask
 from evora.distributed.worker_memory import MemoryGauge
 from evora.distributed.worker_spec import ADAPTER_DTYPES, WorkerSpec, load_tokenizer, resolve_task
 from evora.engines import AdapterRef, Completion, create_engine
@@ -48,7 +49,7 @@ from evora.strategies.full_weights import (
     matrix_name,
     transposed_matrices,
 )
-from evora.strategies.noise_sums import NoiseSums, SummedStrategy
+from evora.strategies.noise_sums import SummedStrategy
 from evora.strategies.protocol import BASE, CENTER, MEMBER, PERTURB, materialise
 from evora.tasks.base import AnswerTask
 from evora.tasks.decoding import Decoding, decoding_of, sample_seed
@@ -100,22 +101,6 @@ class Scored:
     values: CellValues
     errors: int
     timeouts: int
-
-
-@dataclass(frozen=True)
-class GroupTask:
-    """One fixed group of a summed strategy's members (strategies/noise_sums.py) to sum."""
-
-    sums: NoiseSums
-    group: int
-
-
-@dataclass(frozen=True)
-class GroupSum:
-    group: int
-    tensors: Tensors  # sum over the group's members of c_m eps_m, per tensor
-    worker: int
-    seconds: float
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence, TypeVar
@@ -63,6 +64,7 @@ def member_noise(run_seed: int, generation: int, member: int, tensor_name: str, 
 
 # --- many tensors at once --------------------------------------------------------------------
 
+THREAD_PREFIX = "evora-noise"
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (process id, threads, executor)
 
 
@@ -70,7 +72,7 @@ def _executor(threads: int) -> ThreadPoolExecutor:
     """The process's noise threads (a forked child starts its own: its parent's are not its)."""
     global _pool
     if _pool is None or _pool[:2] != (os.getpid(), threads):
-        _pool = (os.getpid(), threads, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="evora-noise"))
+        _pool = (os.getpid(), threads, ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX))
     return _pool[2]
 
 
@@ -79,7 +81,9 @@ def in_parallel(work: Callable[[T], U], items: Sequence[T], device: str | torch.
     process's threads (torch.get_num_threads()): each item's noise has its own generator, so
     the results are bitwise those of one thread. Elsewhere the device parallelises each op."""
     threads = torch.get_num_threads()
-    if torch.device(device).type != "cpu" or threads <= 1 or len(items) <= 1:
+    # From one of the noise threads itself, serially: waiting on the pool there could deadlock it.
+    nested = threading.current_thread().name.startswith(THREAD_PREFIX)
+    if torch.device(device).type != "cpu" or threads <= 1 or len(items) <= 1 or nested:
         return [work(item) for item in items]
     return list(_executor(threads).map(work, items))
 
@@ -110,7 +114,7 @@ def pieces(numel: int, piece: int = PIECE) -> Iterator[tuple[int, int]]:
 
 
 class Stream:
-    """One key's N(0, 1) values on the CPU, drawn in order a piece at a time into `buffer`."""
+    """One key's N(0, 1) values on the CPU, drawn in order, a piece at a time."""
 
     def __init__(self, key: int):
         self.generator = generator(key)

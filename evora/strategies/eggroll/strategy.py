@@ -28,7 +28,7 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout, ModuleSlot
-from evora.lora.noise import gaussian, gaussian_into, noise_key
+from evora.lora.noise import gaussian, gaussian_into, in_parallel, noise_key
 from evora.strategies.eggroll.config import EggrollConfig
 from evora.strategies.full_weights import MasterWeights, with_fitness
 from evora.strategies.noise_sums import member_coefficients
@@ -160,9 +160,10 @@ class EggrollStrategy:
         self, update: WeightUpdate, module: str, out_features: int, in_features: int, device: str | torch.device = "cpu"
     ) -> torch.Tensor:
         """1/(N sigma) sum_m c_m E_m as one [out, M r] x [M r, in] product, members in order. The
-        factors are drawn on the CPU (their stream is the promise) straight into one buffer per
-        side, each member's B scaled by its coefficient in one operation; the product runs on
-        `device`. (A member at a time, with a tensor each and a concatenation, grew faster than
+        factors are drawn on the CPU, as the candidates' LoRAs are (their stream is the promise),
+        members at once over the process's threads, straight into one buffer per side, each
+        member's B scaled by its coefficient in one operation; the product runs on `device`,
+        where the master copies are. (A member at a time, with a tensor each and a concatenation, grew faster than
         linearly in M and spent more than the draw: bench/eggroll_update.py.)"""
         live = [(m, c) for m, c in enumerate(update.coefficients) if c != 0.0]
         if not live:
@@ -170,10 +171,14 @@ class EggrollStrategy:
         rank = self.cfg.rank
         bs = torch.empty(len(live), out_features, rank)  # the i-th live member's B [out, r] at bs[i]
         as_ = torch.empty(len(live) * rank, in_features)  # its A [r, in] at rows i r .. (i + 1) r
-        for i, (member, _) in enumerate(live):
+
+        def draw(item: tuple[int, int]) -> None:  # each member's factors have streams of their own
+            i, member = item
             b_key, a_key = self.factor_keys(update.generation, member, module)
             gaussian_into(b_key, bs[i])
             gaussian_into(a_key, as_[i * rank : (i + 1) * rank])
+
+        in_parallel(draw, [(i, member) for i, (member, _) in enumerate(live)])
         bs *= torch.tensor([c for _, c in live], dtype=torch.float32).view(-1, 1, 1)
         stacked = bs.to(device).permute(1, 0, 2).reshape(out_features, len(live) * rank)  # torch.cat(B_m, dim=1)
         scale = 1.0 / (update.population * self.cfg.sigma * math.sqrt(self.cfg.rank))
@@ -195,7 +200,7 @@ class EggrollStrategy:
             if cfg.weight_decay:
                 delta -= (cfg.lr * cfg.weight_decay) * weight
             weight += delta
-            squares += float((delta.double() ** 2).sum())
+            squares += float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
         master.generation += 1
         return math.sqrt(squares)
 
