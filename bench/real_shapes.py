@@ -11,9 +11,10 @@ model's real widths, then extrapolated to every layer: every layer has the same 
   es       LoRA rank 8 on all seven projections (Qwen3-30B-A3B: attention and every expert's
            gate/up/down): `materialise` per candidate; per generation the update: today's way
            (`tell`: the driver draws every member's noise) against the summed way
-           (strategies/noise_sums.py): the workers' group sums, summed over workers, and the
-           driver's part (adding the groups, the step); the wall time of the group sums on
-           --workers processes sharing this machine's threads; the checkpoint (torch.save)
+           (strategies/noise_sums.py): the workers' group sums, summed over workers (on one
+           thread, as the driver redrew them: the work itself), and the driver's part (adding
+           the groups, the step); the wall time of the group sums on --workers processes
+           sharing this machine's threads; the checkpoint (torch.save)
   ga       LoRA rank 8: `materialise` of a mutated child per candidate; `tell` per generation
            (its survivors materialised on the driver)
   eggroll  rank 1: `materialise` per candidate; `apply` (the update), the checksum, and the weight
@@ -25,7 +26,8 @@ model's real widths, then extrapolated to every layer: every layer has the same 
            as es-at-scale's worker extension does; written here); `apply`, checksum, per generation
 
   limit    the time to draw the step's noise at this device's measured randn rate (fp32, the
-           process's threads), plus to move its weight bytes at the measured copy bandwidth
+           process's threads), plus to move its weight bytes at the measured copy bandwidth;
+           `of_noise_limit` holds a step against drawing its noise alone
   share    a step's seconds per generation / (--iteration-seconds + them): 45 s is the issue's
            figure for the ES paper's code at Qwen2.5-1.5B on 2 H100s, not measured here, and
            assumed for every model size
@@ -56,7 +58,7 @@ from evora.strategies.es import ESConfig, EvolutionStrategy
 from evora.strategies.es_full import EsFullConfig, EsFullStrategy
 from evora.strategies.full_weights import MasterWeights, matrix_name
 from evora.strategies.ga import GAConfig, GeneticAlgorithm
-from evora.strategies.noise_sums import add_groups
+from evora.strategies.noise_sums import add_groups, member_groups
 from evora.strategies.protocol import StrategyContext, fitness_results
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
@@ -106,6 +108,7 @@ MODELS = {
 }
 SMOKE = Shape(256, 4, 2, 64, 4, intermediate=512)
 LORA = ("es", "ga")  # strategies whose candidates are LoRAs of the run's rank
+DRIVERS_PART = "update: driver's part"
 
 
 def layout_of(shape: Shape, layers: int, rank: int) -> AdapterLayout:
@@ -194,6 +197,7 @@ class Context:
         """A whole-model figure from one measured on --layers layers (values, bytes: the measured ones)."""
         whole = seconds * self.scale
         bound = limit(self.limits, values * self.scale, weight_bytes * self.scale)
+        noise = values * self.scale / self.limits["randn_per_s"]
         out = {
             "model": self.model,
             "strategy": strategy,
@@ -201,6 +205,7 @@ class Context:
             "seconds": whole,
             "limit_seconds": bound,
             "of_limit": whole / bound if bound else None,
+            "of_noise_limit": whole / noise if noise else None,  # against drawing its noise alone
             "share": whole / (self.args.iteration_seconds + whole),
             "measured_layers": self.args.layers,
         }
@@ -226,14 +231,19 @@ def measured_populations(args: argparse.Namespace, draws_per_member: float) -> l
     return out
 
 
-def extrapolated(rows: list[dict], step: str, population: int, members: float) -> dict:
-    """The last measured row of `step`, scaled linearly in members to `population`."""
+def extrapolated(rows: list[dict], step: str, population: int, members: int, iteration: float) -> dict:
+    """The last measured row of `step` scaled to `population`: linearly in members (every member
+    draws the same noise), or for the driver's part of a summed update in its groups (one add of
+    the whole adapter a group)."""
     last = [r for r in rows if r["step"] == step and not r.get("extrapolated")][-1]
     factor = members / last["members"]
-    seconds = last["seconds"] * factor
     out = {**last, "population": population, "members": members, "extrapolated": True}
+    if "groups" in last:
+        out["groups"] = len(member_groups(members))
+        factor = out["groups"] / last["groups"] if step == DRIVERS_PART else factor
+    seconds = last["seconds"] * factor
     out.update(seconds=seconds, limit_seconds=last["limit_seconds"] * factor)
-    return {**out, "share": seconds / (seconds + last["seconds"] / last["share"] - last["seconds"])}
+    return {**out, "share": seconds / (iteration + seconds)}
 
 
 # --- es -----------------------------------------------------------------------------------------
@@ -257,7 +267,13 @@ def driver_redraw(es: EvolutionStrategy, state: Any, specs: list, fitness_vector
     return grad
 
 
-_JOB: tuple[Any, Any, Any] | None = None  # (strategy, payload, sums) a forked process sums groups of
+_JOB: tuple[Any, Any, Any] | None = None  # (strategy, payload, sums) a worker process sums groups of
+
+
+def _start_worker(job: tuple[Any, Any, Any], threads: int) -> None:
+    global _JOB
+    _JOB = job
+    torch.set_num_threads(threads)
 
 
 def _sum_group(group: int) -> dict[str, torch.Tensor]:
@@ -266,22 +282,20 @@ def _sum_group(group: int) -> dict[str, torch.Tensor]:
     return strategy.group_sum(payload, sums, group)
 
 
-def _threads(count: int) -> None:
-    torch.set_num_threads(count)
+def _ready(_: int) -> int:
+    return 0
 
 
 def wall_on_workers(strategy: Any, payload: Any, sums: Any, workers: int, threads: int) -> float:
-    """Wall seconds of every group summed by `workers` forked processes (this machine's threads
-    shared among them), the driver adding their sums in group order."""
-    global _JOB
+    """Wall seconds of every group summed by `workers` processes (this machine's threads shared
+    among them; spawned, as Ray's workers are, not forked from a process with OpenMP threads),
+    the driver adding their sums in group order."""
     import multiprocessing
 
-    _JOB = (strategy, payload, sums)
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_threads, initargs=(max(1, threads // workers),)
-    ) as pool:
-        list(pool.map(_threads, [max(1, threads // workers)] * workers))  # started before the clock
+    context = multiprocessing.get_context("spawn")
+    job, share = (strategy, payload, sums), max(1, threads // workers)
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(job, share)) as pool:
+        list(pool.map(_ready, range(workers)))  # started before the clock
         start = time.perf_counter()
         add_groups(list(pool.map(_sum_group, range(len(sums.groups)))))
         return time.perf_counter() - start
@@ -301,9 +315,9 @@ def es_rows(context: Context) -> list[dict]:
     rows.append(context.row("es", "checkpoint per generation", seconds, 0, 4 * n))
     for population, measured in measured_populations(args, n):
         members = population // 2
-        for step in ("update: driver redraws (before)", "update: workers' sums, summed", "update: driver's part"):
+        for step in ("update: driver redraws (before)", "update: workers' sums, summed", DRIVERS_PART):
             if not measured:
-                rows.append(extrapolated(rows, step, population, members))
+                rows.append(extrapolated(rows, step, population, members, args.iteration_seconds))
         if measured:
             rows += es_update_rows(context, theta, population)
     return rows
@@ -318,10 +332,14 @@ def es_update_rows(context: Context, theta: dict, population: int) -> list[dict]
     before = timed(lambda: driver_redraw(es, state, specs, results.fitness), "cpu", args.repeats)
     sums = es.noise_sums(state, specs, results)
     parts, worker_seconds = [], 0.0
-    for group in range(len(sums.groups)):
-        start = time.perf_counter()
-        parts.append(es.group_sum(payload, sums, group))
-        worker_seconds += time.perf_counter() - start
+    torch.set_num_threads(1)  # the work itself, on one thread as the driver redrew it (no work done twice?)
+    try:
+        for group in range(len(sums.groups)):
+            start = time.perf_counter()
+            parts.append(es.group_sum(payload, sums, group))
+            worker_seconds += time.perf_counter() - start
+    finally:
+        torch.set_num_threads(args.threads)
     driver = timed(lambda: es.tell_with(state, specs, results, add_groups(parts)), "cpu", args.repeats)
     walls = {
         f"wall_{w}_workers": wall_on_workers(es, payload, sums, w, args.threads) * context.scale for w in args.workers
@@ -331,7 +349,7 @@ def es_update_rows(context: Context, theta: dict, population: int) -> list[dict]
     return [
         context.row("es", "update: driver redraws (before)", before, draws, moved, **common),
         context.row("es", "update: workers' sums, summed", worker_seconds, draws, moved, **common, **walls),
-        context.row("es", "update: driver's part", driver, 0, len(sums.groups) * n * 12, **common),
+        context.row("es", DRIVERS_PART, driver, 0, len(sums.groups) * n * 12, **common),
     ]
 
 
@@ -428,7 +446,9 @@ def eggroll_rows(context: Context, engine: Any) -> list[dict]:
     rows += full_weight_common(context, engine, master, "eggroll")
     for population, measured in measured_populations(args, factors):
         if not measured:
-            rows.append(extrapolated(rows, "update per generation", population, population // 2))
+            rows.append(
+                extrapolated(rows, "update per generation", population, population // 2, args.iteration_seconds)
+            )
             continue
         eg = EggrollStrategy(EggrollConfig(population=population, rank=1), SEED)
         state = eg.initial_state(StrategyContext(SEED, layout, "bench"))
@@ -499,7 +519,7 @@ def es_full_rows(context: Context, engine: Any) -> list[dict]:
     rows += full_weight_common(context, engine, master, "es_full")
     for population in args.populations:
         if population != args.populations[0]:
-            rows.append(extrapolated(rows, "update per generation", population, population))
+            rows.append(extrapolated(rows, "update per generation", population, population, args.iteration_seconds))
             continue
         es = EsFullStrategy(EsFullConfig(population=population), SEED)
         update = es.update_of(es.tell(state, es.ask(state, 0)[0], fitness(population)).state, 0)
@@ -570,7 +590,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2", help="processes the summed ES update is spread over")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-draws", type=float, default=3e8, help="noise values an update may draw when measured")
+    parser.add_argument("--max-draws", type=float, default=1.5e9, help="noise values an update may draw when measured")
     parser.add_argument("--iteration-seconds", type=float, default=45.0)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and populations: seconds")
     parser.add_argument("--out", default=str(RESULTS / "real_shapes.json"))

@@ -264,7 +264,7 @@ class HFEngine:
             parameter = self._base_parameter(name)
             if tuple(value.shape) != tuple(parameter.shape):
                 raise ValueError(f"{name}: shape {tuple(value.shape)}, the model has {tuple(parameter.shape)}")
-            parameter.copy_(value.to(device=parameter.device, dtype=parameter.dtype))
+            parameter.copy_(value)  # cast (and moved) as it is written: bitwise `.to(dtype)`
 
     @torch.no_grad()
     def perturb_base(self, master: Mapping[str, torch.Tensor], noise: Sequence[DenseNoise]) -> None:

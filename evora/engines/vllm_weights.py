@@ -63,7 +63,7 @@ class BaseWeightsExtension:
                 self._evora_load_shard(layer, value, shard_id)
                 continue
             dense = self._evora_dense(layer, fused)
-            dense[offset : offset + size].copy_(value.to(device=dense.device, dtype=dense.dtype))
+            dense[offset : offset + size].copy_(value)  # cast (and moved) as it is written
             touched[fused] = layer
         if _on_cpu():
             for fused, layer in touched.items():

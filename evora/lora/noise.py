@@ -35,6 +35,9 @@ U = TypeVar("U")
 # split over torch's intra-op threads only above its grain size (32,768 values), a few times a
 # piece: threads that draw different tensors barely contend.
 PIECE = 65536
+# Up to this many values a tensor's terms are drawn whole (bitwise the same): a LoRA factor's
+# few pieces would cost more calls than the cache they save.
+WHOLE = 16 * PIECE
 
 
 def noise_key(*parts: object) -> int:
@@ -65,6 +68,7 @@ def member_noise(run_seed: int, generation: int, member: int, tensor_name: str, 
 # --- many tensors at once --------------------------------------------------------------------
 
 THREAD_PREFIX = "evora-noise"
+RUNS_PER_THREAD = 4  # runs of consecutive items per thread: few tasks, yet unequal items still balance
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (process id, threads, executor)
 
 
@@ -85,7 +89,12 @@ def in_parallel(work: Callable[[T], U], items: Sequence[T], device: str | torch.
     nested = threading.current_thread().name.startswith(THREAD_PREFIX)
     if torch.device(device).type != "cpu" or threads <= 1 or len(items) <= 1 or nested:
         return [work(item) for item in items]
-    return list(_executor(threads).map(work, items))
+    # A few runs of consecutive items a thread: a task per item costs more than a small draw.
+    runs = min(len(items), RUNS_PER_THREAD * threads)
+    bounds = [len(items) * i // runs for i in range(runs + 1)]
+    spans = [items[bounds[i] : bounds[i + 1]] for i in range(runs)]
+    done = _executor(threads).map(lambda span: [work(item) for item in span], spans)
+    return [result for span in done for result in span]
 
 
 @dataclass(frozen=True)
@@ -151,11 +160,12 @@ def weighted_sum(
     terms: Sequence[tuple[int, float]], shape: tuple[int, ...], device: str | torch.device = "cpu"
 ) -> torch.Tensor:
     """sum_m c_m eps_m over (key, c_m) terms, fp32, in the terms' order (acc += c_m eps_m, each
-    term rounded as `torch.add_(alpha=c_m)` rounds it); drawn on `device`. On the CPU piece by
-    piece: every term's stream advances together, so the noise never exists at full size."""
+    term rounded as `torch.add_(alpha=c_m)` rounds it); drawn on `device`. On the CPU, above
+    WHOLE values, piece by piece: every term's stream advances together, so the noise never
+    exists at full size."""
     total = torch.zeros(shape, dtype=torch.float32, device=device)
     numel = total.numel()
-    if torch.device(device).type != "cpu" or numel < 16:
+    if torch.device(device).type != "cpu" or numel <= WHOLE:
         for key, coefficient in terms:
             total.add_(gaussian(key, shape, device), alpha=coefficient)
         return total

@@ -24,6 +24,7 @@ snapshots them, and exports them.
 from __future__ import annotations
 
 import hashlib
+import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, TypeVar
 
@@ -31,7 +32,7 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
-from evora.lora.noise import DenseNoise
+from evora.lora.noise import DenseNoise, in_parallel
 from evora.strategies.checks import require
 from evora.strategies.protocol import CandidateSpec, GenerationResults, Strategy
 from evora.strategies.shaping import shaping_input
@@ -54,13 +55,16 @@ class MasterWeights:
         return next(iter(self.tensors.values())).device if self.tensors else torch.device("cpu")
 
     def checksum(self) -> str:
-        """A digest of every value's bits, computed where they are (`fingerprint`): workers
+        """A digest of every value's bits, computed where they are (`tensor_digest`): workers
         compare their weights without copying them off the device."""
+        named = [
+            (name, t) for group in (self.tensors, self.adam_m or {}, self.adam_v or {}) for name, t in group.items()
+        ]
+        named.sort(key=lambda item: item[0])
         digest = hashlib.blake2b(digest_size=16)
-        for group in (self.tensors, self.adam_m or {}, self.adam_v or {}):
-            for name in sorted(group):
-                digest.update(name.encode())
-                digest.update(fingerprint(group[name]).to_bytes(8, "little", signed=True))
+        for (name, _), part in zip(named, in_parallel(tensor_digest, [t for _, t in named], self.device)):
+            digest.update(name.encode())
+            digest.update(part)
         return digest.hexdigest()
 
     def to(self, device: str | torch.device) -> "MasterWeights":
@@ -103,6 +107,15 @@ def _odd_weights(count: int, device: torch.device, salt: int = 0) -> torch.Tenso
     """count odd int64 constants (a Weyl sequence: exact integer arithmetic, wrapping)."""
     steps = torch.arange(1, count + 1, dtype=torch.int64, device=device) + salt
     return steps * _GOLDEN | 1
+
+
+def tensor_digest(tensor: torch.Tensor) -> bytes:
+    """A tensor's bits digested where they are: CRC-32 of its bytes on the CPU (zlib releases the
+    GIL, so tensors digest at once over the process's threads), `fingerprint` on a GPU (no copy
+    to the host). Any single changed bit changes either."""
+    if tensor.device.type == "cpu":
+        return zlib.crc32(tensor.detach().contiguous().view(torch.uint8).numpy().data).to_bytes(4, "little")
+    return fingerprint(tensor).to_bytes(8, "little", signed=True)
 
 
 def fingerprint(tensor: torch.Tensor) -> int:

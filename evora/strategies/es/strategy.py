@@ -119,16 +119,16 @@ class EvolutionStrategy:
 
     def gradient(self, state: ESState, specs: list[CandidateSpec], fitness: np.ndarray) -> Tensors:
         """1/(N sigma_k) * sum_i w_i sign_i eps_i, one noise draw per member, summed here."""
-        sums = self._sums(specs, fitness)
-        total = summed_locally(self, ESPayload(sums.generation, state.theta, state.noise_scales), sums)
-        return self._scaled(state, total, len(specs))
+        return self._scaled(state, self._summed_here(state, self._sums(specs, fitness)), len(specs))
+
+    def _summed_here(self, state: ESState, sums: NoiseSums) -> Tensors:
+        return summed_locally(self, ESPayload(sums.generation, state.theta, state.noise_scales), sums)
 
     def _scaled(self, state: ESState, total: Tensors, candidates: int) -> Tensors:
         return {k: total[k] / (candidates * self.sigma_of(state.noise_scales, k)) for k in state.theta}
 
     def tell(self, state: ESState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
-        sums = self.noise_sums(state, specs, results)
-        total = summed_locally(self, ESPayload(sums.generation, state.theta, state.noise_scales), sums)
+        total = self._summed_here(state, self.noise_sums(state, specs, results))
         return self.tell_with(state, specs, results, total)
 
     def tell_with(self, state: ESState, specs: list[CandidateSpec], results: GenerationResults, total: Tensors) -> Told:
