@@ -226,3 +226,31 @@ def test_the_update_of_the_tiny_models_matrix_equals_a_float64_computation(tiny_
     expected = weights[name].double() + (0.02 / 6) * step
     assert torch.allclose(master.tensors[name].double(), expected, rtol=0, atol=1e-7)
     assert not torch.equal(master.tensors[name], weights[name].float())
+
+
+def test_the_plan_puts_the_master_copies_on_the_gpu_when_they_fit_beside_the_engine():
+    """hardware.master_weights=auto: on the GPU when the fp32 copies (and a margin) fit in what
+    vLLM leaves of it, on the host otherwise; device/host choose; CPU workers keep them on the CPU."""
+    from evora.lora.modules import model_modules
+    from evora.models import locate_model
+    from evora.models.memory import GIB
+    from evora.plan.fit import MASTER_MARGIN, master_device, plan_memory
+    from evora.plan.run_plan import model_layout
+
+    def placed(*overrides: str) -> tuple[str, int]:
+        run = compose_run(["strategy=es_full", *overrides])
+        path = locate_model(run.model.path).path
+        modules = model_modules(path)
+        memory = plan_memory(run, modules, model_layout(run, modules, path))
+        return master_device(run, memory), memory.master
+
+    device, master = placed()
+    assert device == "cpu" and master > 0  # CPU workers
+    gpu = ["hardware=gpu", "hardware.num_workers=1"]
+    # What vLLM leaves of a GPU: (1 - 0.85) x size. 80 GiB leaves 12 GiB: the tiny model's copies fit.
+    assert placed(*gpu, "hardware.gpu_memory_gib=80")[0] == "cuda"
+    # A GPU whose 15% is below the margin: the host.
+    assert placed(*gpu, f"hardware.gpu_memory_gib={(MASTER_MARGIN / GIB) / 0.15 * 0.9:.3f}")[0] == "cpu"
+    assert placed(*gpu, "hardware.gpu_memory_gib=80", "hardware.master_weights=host")[0] == "cpu"
+    assert placed(*gpu, "hardware.gpu_memory_gib=1", "hardware.master_weights=device")[0] == "cuda"
+    assert placed("hardware.master_weights=device")[0] == "cpu"  # a CPU worker's device is the CPU
