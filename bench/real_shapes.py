@@ -586,7 +586,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default="qwen2.5-1.5b,qwen2.5-7b,qwen3-30b-a3b")
     parser.add_argument("--strategies", default="es,ga,eggroll,es_full")
     parser.add_argument("--populations", default="30,1024,16384")
-    parser.add_argument("--layers", type=int, default=1, help="decoder layers measured (then extrapolated)")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers measured (then extrapolated)")
     parser.add_argument("--workers", default="1,2", help="processes the summed ES update is spread over")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3)

@@ -41,10 +41,10 @@ def test_noise_key_golden_values():
 
 import pytest  # noqa: E402
 
-from evora.lora.noise import in_parallel, perturb_into, pieces, weighted_sum  # noqa: E402
+from evora.lora.noise import PIECE, in_parallel, perturb_into, pieces, weighted_sum  # noqa: E402
 
 
-@pytest.mark.parametrize("numel", [1, 15, 16, 17, 100, 65536, 65536 + 7, 65536 + 16, 3 * 65536 + 1000])
+@pytest.mark.parametrize("numel", [1, 15, 16, 17, 100, PIECE, PIECE + 7, PIECE + 16, 3 * PIECE + 1000])
 def test_pieces_draw_bitwise_one_whole_draw(numel):
     spans = list(pieces(numel))
     assert spans[0][0] == 0 and spans[-1][1] == numel
@@ -60,7 +60,7 @@ def test_pieces_draw_bitwise_one_whole_draw(numel):
 
 
 def test_weighted_sum_is_bitwise_the_member_by_member_sum():
-    shape = (300, 700)  # 210,000 values: four pieces, the last a partial one
+    shape = (300, 700)  # 210,000 values: seven pieces, the last a partial one
     terms = [(noise_key("w", m), c) for m, c in enumerate([0.5, -1.25, 2.0, 0.0, 3.5])]
     reference = torch.zeros(shape)
     for key, c in terms:
