@@ -141,7 +141,9 @@ class EvolutionStrategy:
         if self.cfg.optimizer == "adam":
             direction, new.adam_m, new.adam_v = self._adam(state, grad, step)
         lr, decay = self.cfg.lr, self.cfg.weight_decay
-        new.theta = {k: theta[k] + lr * direction[k] - (lr * decay) * theta[k] for k in theta}
+        new.theta = {k: theta[k] + lr * direction[k] for k in theta}
+        if decay:  # (without it, subtracting 0 * theta changed nothing but the time)
+            new.theta = {k: new.theta[k] - (lr * decay) * theta[k] for k in theta}
         stats = {
             "grad_norm": _norm(grad),
             "update_norm": _norm({k: new.theta[k] - theta[k] for k in theta}),
@@ -163,4 +165,4 @@ class EvolutionStrategy:
 
 
 def _norm(tensors: Tensors) -> float:
-    return math.sqrt(sum(float((t.double() ** 2).sum()) for t in tensors.values()))
+    return math.sqrt(sum(float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2 for t in tensors.values()))
