@@ -236,7 +236,9 @@ def check_shapes(device: str, args: argparse.Namespace) -> tuple[bool, str, list
 
     out = str(Path(args.out).with_name("gpu_check_shapes.json"))
     argv = ["--device", device, "--strategies", "es_full,eggroll", "--layers", str(args.layers), "--out", out]
-    argv += ["--smoke"] if args.smoke else ["--models", "qwen2.5-1.5b", "--populations", "30", "--workers", ""]
+    # Nine repeats: the per-candidate steps take milliseconds on a GPU, and their median decides.
+    full = ["--models", "qwen2.5-1.5b", "--populations", "30", "--workers", "", "--repeats", "9"]
+    argv += ["--smoke"] if args.smoke else full
     rows = real_shapes.main(argv)["rows"]
     by = {(r["strategy"], r["step"]): r["seconds"] for r in rows if r.get("population") in (None, 30, 4)}
     candidate = by[("es_full", "perturb + restore per candidate")]

@@ -35,7 +35,7 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
-from evora.lora.noise import DenseNoise, gaussian, in_parallel, noise_key, weighted_sum
+from evora.lora.noise import DenseNoise, gaussian, in_parallel, noise_key, perturbed_on, weighted_sum
 from evora.strategies.es_full.config import EsFullConfig
 from evora.strategies.full_weights import MasterWeights, matrix_name, with_fitness
 from evora.strategies.noise_sums import member_coefficients
@@ -147,9 +147,7 @@ class EsFullStrategy:
         for term in self.perturbation(payload, spec):
             if term.name not in master.tensors:
                 raise KeyError(f"strategy=es_full: the master weights hold no matrix named {term.name}")
-            weight = master.tensors[term.name]
-            eps = gaussian(term.key, tuple(weight.shape), weight.device)
-            out[term.name] = eps.mul_(term.scale).add_(weight)  # == weight + scale * eps, bitwise
+            out[term.name] = perturbed_on(master.tensors[term.name], term)  # the engines' own arithmetic
         return out
 
     def tell(self, state: EsFullState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
