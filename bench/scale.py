@@ -207,7 +207,7 @@ def run_one(strategy: str, population: int, workers: int, args: argparse.Namespa
 def busy_shares(event: Mapping[str, Any], workers: int) -> dict[str, Any]:
     """How many of the `workers` evaluated cells in a generation, and each one's busy share: its
     own seconds in its units over the generation's evaluation (0 for a worker given no unit)."""
-    busy = event.get("worker_busy_seconds") or {}
+    busy = event.get("seconds_busy_by_worker") or {}
     seconds = max(event.get("seconds_evaluate", 0.0), 1e-9)
     shares = sorted(busy.get(str(w), 0.0) / seconds for w in range(workers))
     return {"workers_with_cells": len(busy), "busy_share_min": shares[0], "busy_shares": shares}

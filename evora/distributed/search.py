@@ -262,7 +262,7 @@ def unit_stats(results: list[UnitResult], seconds: float) -> dict[str, Any]:
         "units": len(results),  # generate calls the candidates took (engine.units)
         **timing_sums(results),
         "worker_rss_mb": {str(r.worker): r.rss_mb for r in results},
-        "worker_busy_seconds": busy_seconds(results),  # only workers that had a unit appear
+        "seconds_busy_by_worker": busy_seconds(results),  # timing: only workers that had a unit appear
     }
 
 
