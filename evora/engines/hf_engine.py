@@ -278,7 +278,7 @@ class HFEngine:
             else:
                 perturb_into(parameter.data, base, term.key, term.scale)
 
-        in_parallel(perturb, list(noise), self.device)
+        in_parallel(perturb, list(noise), self.device, cost=lambda term: master[term.name].numel())
 
     def shutdown(self) -> None:
         del self.model, self.peft

@@ -66,7 +66,7 @@ def member_noise(run_seed: int, generation: int, member: int, tensor_name: str, 
 # --- many tensors at once --------------------------------------------------------------------
 
 THREAD_PREFIX = "evora-noise"
-RUNS_PER_THREAD = 4  # runs of consecutive items per thread: few tasks, yet unequal items still balance
+RUNS_PER_THREAD = 4  # runs of items per thread: few tasks, yet unequal runs still balance
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (process id, threads, executor)
 
 
@@ -78,21 +78,50 @@ def _executor(threads: int) -> ThreadPoolExecutor:
     return _pool[2]
 
 
-def in_parallel(work: Callable[[T], U], items: Sequence[T], device: str | torch.device = "cpu") -> list[U]:
+def runs_by_cost(costs: Sequence[float], runs: int) -> list[list[int]]:
+    """Item indices in at most `runs` runs, costliest items first: each run is filled to a share
+    of what is left (its cost over the runs left), so an item of a share or more is a run of its
+    own and cheaper ones share runs. Threads that take the runs in this order finish together
+    (longest processing time first): one MLP matrix costs six attention matrices, and runs of
+    neighbours left one of two threads idle for a fifth of a candidate's draw."""
+    order = sorted(range(len(costs)), key=lambda i: -costs[i])  # stable: equal costs keep their order
+    left, runs_left = float(sum(costs)), max(1, runs)
+    grouped: list[list[int]] = []
+    held = share = 0.0
+    for i in order:
+        if not grouped or (held >= share and runs_left > 0):
+            share, runs_left, held = left / max(1, runs_left), runs_left - 1, 0.0
+            grouped.append([])
+        grouped[-1].append(i)
+        held += costs[i]
+        left -= costs[i]
+    return grouped
+
+
+def in_parallel(
+    work: Callable[[T], U],
+    items: Sequence[T],
+    device: str | torch.device = "cpu",
+    cost: Callable[[T], float] | None = None,
+) -> list[U]:
     """`[work(item) for item in items]`, in order. On the CPU the items run at once over the
-    process's threads (torch.get_num_threads()): each item's noise has its own generator, so
-    the results are bitwise those of one thread. Elsewhere the device parallelises each op."""
+    process's threads (torch.get_num_threads()), costliest first (`cost`, e.g. an item's values;
+    equal when not given): each item's noise has its own generator, so the results are bitwise
+    those of one thread. Elsewhere the device parallelises each op."""
     threads = torch.get_num_threads()
     # From one of the noise threads itself, serially: waiting on the pool there could deadlock it.
     nested = threading.current_thread().name.startswith(THREAD_PREFIX)
     if torch.device(device).type != "cpu" or threads <= 1 or len(items) <= 1 or nested:
         return [work(item) for item in items]
-    # A few runs of consecutive items a thread: a task per item costs more than a small draw.
-    runs = min(len(items), RUNS_PER_THREAD * threads)
-    bounds = [len(items) * i // runs for i in range(runs + 1)]
-    spans = [items[bounds[i] : bounds[i + 1]] for i in range(runs)]
-    done = _executor(threads).map(lambda span: [work(item) for item in span], spans)
-    return [result for span in done for result in span]
+    # A few runs a thread: a task per item costs more than a small draw.
+    costs = [float(cost(item)) if cost else 1.0 for item in items]
+    runs = runs_by_cost(costs, min(len(items), RUNS_PER_THREAD * threads))
+    done = _executor(threads).map(lambda run: [(i, work(items[i])) for i in run], runs)
+    results: list[U | None] = [None] * len(items)
+    for run in done:
+        for i, result in run:
+            results[i] = result
+    return results  # type: ignore[return-value]  # every index is set once
 
 
 @dataclass(frozen=True)

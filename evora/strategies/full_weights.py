@@ -62,7 +62,9 @@ class MasterWeights:
         ]
         named.sort(key=lambda item: item[0])
         digest = hashlib.blake2b(digest_size=16)
-        for (name, _), part in zip(named, in_parallel(tensor_digest, [t for _, t in named], self.device)):
+        for (name, _), part in zip(
+            named, in_parallel(tensor_digest, [t for _, t in named], self.device, cost=torch.Tensor.numel)
+        ):
             digest.update(name.encode())
             digest.update(part)
         return digest.hexdigest()

@@ -91,7 +91,7 @@ class EvolutionStrategy:
             eps = self.noise(spec.generation, spec.member, k, tuple(v.shape))
             return v + (spec.sign * self.sigma_of(scales, k)) * eps
 
-        return dict(zip(payload.theta, in_parallel(perturbed, list(payload.theta.items()))))
+        return dict(zip(payload.theta, in_parallel(perturbed, list(payload.theta.items()), cost=_values)))
 
     # --- the update: sums of the members' noise, then the step ---------------------------
 
@@ -115,7 +115,7 @@ class EvolutionStrategy:
             keys = [(noise_key(self.run_seed, "noise", sums.generation, m, name), c) for m, c in live]
             return weighted_sum(keys, tuple(value.shape))
 
-        return dict(zip(payload.theta, in_parallel(summed, list(payload.theta.items()))))
+        return dict(zip(payload.theta, in_parallel(summed, list(payload.theta.items()), cost=_values)))
 
     def gradient(self, state: ESState, specs: list[CandidateSpec], fitness: np.ndarray) -> Tensors:
         """1/(N sigma_k) * sum_i w_i sign_i eps_i, one noise draw per member, summed here."""
@@ -166,3 +166,8 @@ class EvolutionStrategy:
 
 def _norm(tensors: Tensors) -> float:
     return math.sqrt(sum(float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2 for t in tensors.values()))
+
+
+def _values(item: tuple[str, torch.Tensor]) -> int:
+    """A named tensor's cost to draw noise for: its values."""
+    return item[1].numel()

@@ -206,6 +206,8 @@ class EsFullStrategy:
             weight += delta
             return float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
 
-        squares = in_parallel(one, sorted(master.tensors), master.device)
+        squares = in_parallel(
+            one, sorted(master.tensors), master.device, cost=lambda name: master.tensors[name].numel()
+        )
         master.generation += 1
         return math.sqrt(sum(squares))
