@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -29,11 +28,11 @@ from evora.plan.compose import CONF_DIR, resolve_strategy_overrides, setup, to_r
 from evora.plan.jobs import job_plan, preflight
 from evora.strategies import get_strategy
 from evora.tracking.events import Event, OnEvent
+from evora.tracking.run_dir import CLI_LOG, log_traceback
 from evora.tracking.sweep import with_sweep_tracking
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILURE = 1
-CLI_LOG = "cli.log"  # a run folder's tracebacks; on the console too with EVORA_DEBUG=1
 
 
 def _die(error: EvoraError) -> NoReturn:
@@ -43,9 +42,7 @@ def _die(error: EvoraError) -> NoReturn:
 
 def _fail(error: BaseException, run_dir: Path) -> NoReturn:
     """One line on the console; the whole traceback in the run folder's cli.log."""
-    trace = "".join(traceback.format_exception(error))
-    with open(run_dir / CLI_LOG, "a") as log:
-        log.write(trace)
+    trace = log_traceback(run_dir, error)
     if os.environ.get("EVORA_DEBUG") == "1":
         print(trace, file=sys.stderr, end="")
     if isinstance(error, EvoraError):

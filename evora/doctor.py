@@ -14,7 +14,7 @@ from evora.config.schema import RunConfig
 from evora.engines.support import engine_support, vllm_version
 from evora.errors import EvoraError
 from evora.lora.modules import ModelModules, model_modules, modules_of_config
-from evora.models import BUNDLED_DIR, locate_model
+from evora.models import BUNDLED_DIR, check_hub_model, locate_model
 from evora.models.memory import GIB
 from evora.plan.compose import compose_run
 from evora.plan.fit import MASTER_MARGIN, check_fits, device_memory, master_device, memory_need, plan_memory
@@ -29,10 +29,12 @@ def read_model(run: RunConfig) -> tuple[ModelModules, str]:
     """The model's modules and where its config came from (a hub model offline: the bundled snapshot)."""
     location = locate_model(run.model.path, key="model.path")
     try:
+        if not location.is_local:
+            check_hub_model(location.path, run.model.revision)
         return model_modules(
             location.path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
         ), ("local folder" if location.is_local else "the hub")
-    except (OSError, ValueError):
+    except (OSError, ValueError, EvoraError):
         snapshot = SNAPSHOTS / (run.model.path.replace("/", "--") + ".json")
         if location.is_local or not snapshot.is_file():
             raise

@@ -96,6 +96,9 @@ class EngineConfig:
     adapters_in_memory: bool = True  # vLLM in-process: candidates reach the engine as tensors, not files
     ignore_eos: bool = False  # generate exactly task.max_tokens tokens (benchmarks)
     units: str = "fixed"  # fixed: max_loras candidates per generate (bitwise across worker counts) | whole
+    # A worker with a unit past this is taken for hung: killed, replaced, its units rerun elsewhere.
+    # None: 600 s + task.max_tokens / (1 token/s) (evora.distributed.worker_spec.unit_deadline).
+    unit_timeout_s: Optional[float] = None
     vllm_args: dict[str, Any] = field(default_factory=dict)
 
 

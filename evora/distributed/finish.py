@@ -19,6 +19,7 @@ from evora.distributed.model_cards import write_model_cards
 from evora.lora.layout import AdapterLayout
 from evora.strategies.protocol import BASE, CENTER, Tensors
 from evora.tracking.events import FinalEvent
+from evora.tracking.run_dir import CLI_LOG, log_traceback
 from evora.tracking.summary import SCHEMA_VERSION, write_summary
 
 # (adapter or None, its layout or None for the pool's, ops) -> outcomes with completion texts
@@ -92,7 +93,12 @@ def write_run_summary(
         "details": details or {},
     }
     write_summary(run_dir, summary)
-    write_model_cards(run_dir, run, summary, heldout_size)  # after the summary: a card cites its numbers
+    try:
+        write_model_cards(run_dir, run, summary, heldout_size)  # after the summary: a card cites its numbers
+    except Exception as error:  # the run's work is done and saved: a card cannot fail it
+        log_traceback(run_dir, error)
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        print(f"evora: warning: no model cards: {type(error).__name__}: {first} (traceback: {run_dir / CLI_LOG})")
     return summary
 
 

@@ -10,6 +10,7 @@ so a long run on preemptible nodes keeps its capacity.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -45,6 +46,40 @@ def slots_of(workers: list[int]) -> list[int]:
     return [w for _ in range(UNITS_IN_FLIGHT) for w in workers]
 
 
+class UnitClock:
+    """When each busy worker's current unit began: at its dispatch to an idle worker, or at the
+    result before it (the next unit then leaves the actor's queue). None: no deadline."""
+
+    def __init__(self, timeout_s: float | None):
+        self.timeout_s = timeout_s
+        self.since: dict[int, float] = {}
+
+    def started(self, worker: int) -> None:
+        self.since.setdefault(worker, time.monotonic())
+
+    def finished(self, worker: int, busy: bool) -> None:
+        if busy:
+            self.since[worker] = time.monotonic()
+        else:
+            self.since.pop(worker, None)
+
+    def wait(self) -> float | None:
+        """Seconds until the first deadline (None: no deadline to wait for)."""
+        if self.timeout_s is None or not self.since:
+            return None
+        return max(0.0, min(self.since.values()) + self.timeout_s - time.monotonic())
+
+    def overdue(self) -> list[int]:
+        """Workers past their deadline, forgotten here (their units fail and are rerun)."""
+        if self.timeout_s is None:
+            return []
+        now = time.monotonic()
+        late = sorted(w for w, since in self.since.items() if now - since >= self.timeout_s)
+        for worker in late:
+            del self.since[worker]
+        return late
+
+
 class WorkerPool:
     def __init__(
         self,
@@ -60,6 +95,7 @@ class WorkerPool:
         self.placement = placement
         self.spec = spec
         self.replacements_left = replacements if spec is not None and placement is not None else 0
+        self.unit_timeout_s = spec.unit_timeout_s if spec is not None else None
         self.starting: dict[Any, int] = {}  # a replacement's info() ref -> its worker index
         self.events: list[dict[str, Any]] = []  # workers lost and replaced, taken by `take_events`
         # Called with a replacement's actor before it takes work (full-weight strategies sync its weights).
@@ -87,25 +123,37 @@ class WorkerPool:
         """Results of `method(payload, unit)` in unit order (`evaluate`: a WorkUnit -> UnitResult;
         `noise_sum`: a GroupTask -> GroupSum). `payload` is an ObjectRef: put once, read once by
         each worker. Each worker has UNITS_IN_FLIGHT units at a time: the next waits in its
-        actor's queue while it runs one, so no worker idles through a round trip to the driver."""
+        actor's queue while it runs one, so no worker idles through a round trip to the driver.
+        A worker that gives no result for `unit_timeout_s` while it has units is hung (a stuck
+        engine or collective): it is killed and replaced, and its units run again elsewhere."""
         shared = SharedPayload(payload)
         pending = deque((i, 0) for i in range(len(units)))
         slots = deque(slots_of(self._check_in()))  # a worker once per unit it may have in flight
         in_flight: dict[Any, tuple[int, int, int]] = {}  # ref -> (unit, attempt, worker)
         results: dict[int, Any] = {}  # by unit
+        clock = UnitClock(self.unit_timeout_s)
         while pending or in_flight:
             while pending and slots:
                 unit, attempt = pending.popleft()
                 worker = slots.popleft()
                 call = getattr(self.actors[worker], method)
                 in_flight[call.remote(shared, units[unit])] = (unit, attempt, worker)
+                clock.started(worker)
             if not in_flight and not self.starting:
                 raise RuntimeError("every engine worker has died (hardware.worker_replacements used up)")
-            [done], _ = ray.wait([*in_flight, *self.starting], num_returns=1)
+            ready, _ = ray.wait([*in_flight, *self.starting], num_returns=1, timeout=clock.wait())
+            if not ready:  # a deadline passed
+                for worker in clock.overdue():
+                    if worker in self.alive:  # not lost meanwhile through a failed unit
+                        self._hung(worker)
+                slots = deque(w for w in slots if w in self.alive)
+                continue
+            [done] = ready
             if done in self.starting:
                 slots.extend(slots_of(self._joined(done)))
                 continue
             unit, attempt, worker = in_flight.pop(done)
+            clock.finished(worker, busy=worker in self.alive and any(w == worker for _, _, w in in_flight.values()))
             try:
                 results[unit] = ray.get(done)
                 if worker in self.alive:  # not lost meanwhile through its other unit
@@ -125,20 +173,12 @@ class WorkerPool:
         """`method(*args)` on every live worker, in worker order; a worker lost on the way is
         replaced (`on_join` brings its replacement up to date when it joins)."""
         workers = self._check_in()
-        refs = [getattr(self.actors[w], method).remote(*args) for w in workers]
-        results = []
-        for worker, ref in zip(workers, refs):
-            try:
-                results.append(ray.get(ref))
-            except WORKER_FAILURES:
-                self._lost(worker)
+        answers = self._answers({w: getattr(self.actors[w], method).remote(*args) for w in workers})
+        results = [answers[w] for w in workers if w in answers]
         while not results and self.starting:  # every worker was lost: the first replacement to start answers
             [ready], _ = ray.wait(list(self.starting), num_returns=1)
             for worker in self._joined(ready, up_to_date=False):  # `method` brings it up to date
-                try:
-                    results.append(ray.get(getattr(self.actors[worker], method).remote(*args)))
-                except WORKER_FAILURES:
-                    self._lost(worker)
+                results.extend(self._answers({worker: getattr(self.actors[worker], method).remote(*args)}).values())
         if not results:
             raise RuntimeError("every engine worker has died (hardware.worker_replacements used up)")
         return results
@@ -159,18 +199,35 @@ class WorkerPool:
         """Those of `workers` that answer (one cheap call each); the others are lost."""
         # `workers` may name one several times (its slots), and one already lost through a unit.
         distinct = sorted(set(workers) & self.alive)
-        probes = [self.actors[w].__ray_ready__.remote() for w in distinct]
-        for worker, probe in zip(distinct, probes):
-            try:
-                ray.get(probe)
-            except WORKER_FAILURES:
-                self._lost(worker)
+        self._answers({w: self.actors[w].__ray_ready__.remote() for w in distinct})
         return [w for w in workers if w in self.alive]
 
-    def _lost(self, worker: int) -> None:
+    def _answers(self, calls: dict[int, Any]) -> dict[int, Any]:
+        """Each worker's answer to its call (worker -> ref), by worker: a worker whose call fails
+        is lost, one that has not answered within `unit_timeout_s` is hung."""
+        refs = list(calls.values())
+        _, late = ray.wait(refs, num_returns=len(refs), timeout=self.unit_timeout_s) if refs else ([], [])
+        answers = {}
+        for worker, ref in calls.items():
+            if ref in late:
+                self._hung(worker)
+                continue
+            try:
+                answers[worker] = ray.get(ref)
+            except WORKER_FAILURES:
+                self._lost(worker)
+        return answers
+
+    def _hung(self, worker: int) -> None:
+        """A worker past its unit's deadline: killed (its units then fail and run again
+        elsewhere), and lost."""
+        ray.kill(self.actors[worker], no_restart=True)
+        self._lost(worker, hung_s=self.unit_timeout_s)
+
+    def _lost(self, worker: int, **detail: Any) -> None:
         """Drop a dead worker, and start a replacement with the same resources."""
         self.alive.discard(worker)
-        self.events.append({"event": "worker-lost", "worker": worker})
+        self.events.append({"event": "worker-lost", "worker": worker, **detail})
         if self.replacements_left == 0:
             return
         self.replacements_left -= 1

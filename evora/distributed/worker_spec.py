@@ -38,6 +38,7 @@ class WorkerSpec:
     # The task and its splits as the run plan resolved them; None: the worker builds them from `task`.
     resolved: tuple[Task, Splits] | None = None
     master_device: str = "cpu"  # where a full-weight strategy's fp32 master copies live (RunPlan.master_device)
+    unit_timeout_s: float | None = None  # a unit's deadline (unit_deadline); None: none
 
 
 def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = None) -> EngineSpec:
@@ -115,7 +116,21 @@ def worker_spec(
         run.strategy if with_strategy else None,
         resolved,
         master_device,
+        unit_deadline(run),
     )
+
+
+# The default unit deadline: a fixed allowance (a unit's adapters, prefill, a group's noise sums,
+# a first call's warm-up) and every decoding step at 1 token/s, far below any engine's pace.
+UNIT_ALLOWANCE_S = 600.0
+FLOOR_TOKENS_PER_S = 1.0
+
+
+def unit_deadline(run: RunConfig) -> float:
+    """Seconds a worker may spend on one unit before it is taken for hung (engine.unit_timeout_s)."""
+    if run.engine.unit_timeout_s is not None:
+        return run.engine.unit_timeout_s
+    return UNIT_ALLOWANCE_S + run.task.max_tokens / FLOOR_TOKENS_PER_S
 
 
 def resolve_task(cfg: TaskConfig, seed: int) -> tuple[Task, Splits]:

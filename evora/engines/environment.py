@@ -19,6 +19,11 @@ def vllm_environment(spec: EngineSpec, environ: Mapping[str, str] = os.environ) 
     - one process per engine (no engine-core process): a request object then reaches the
       model runner, so adapters may travel as tensors; a user's own setting is kept;
     - vLLM's log at warnings unless the user asks for more;
+    - vLLM's V1 model runner on every device, whatever the user's environment says: where Triton
+      is installed (GPUs) vLLM 0.32 would pick Model Runner V2, whose LoRA requests, weight
+      lookup and sampler (a Triton Gumbel kernel seeded by position, not a torch.Generator)
+      evora was not written for; the CPU build has no Triton and runs V1, so every device
+      runs the runner the suite exercises, and the engines' token-for-token sampling holds;
     - CPU: no thread binding, since evora sets each worker's thread count
       (hardware.cpu_threads_per_worker) and several engines on one machine must not all
       bind the same cores; the KV cache of hardware.kv_cache_gib (vLLM lets this variable
@@ -31,6 +36,7 @@ def vllm_environment(spec: EngineSpec, environ: Mapping[str, str] = os.environ) 
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
         "VLLM_LOGGING_LEVEL": environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "VLLM_USE_V2_MODEL_RUNNER": "0",
     }
     if spec.device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"

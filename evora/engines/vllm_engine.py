@@ -32,7 +32,7 @@ from evora.engines import vllm_patches
 from evora.engines.base import AdapterRef, Completion, EngineSpec, Sampling, per_request
 from evora.engines.environment import vllm_environment
 from evora.engines.sampling import vllm_sampling_params
-from evora.engines.vllm_weights import EXTENSION, check_vllm
+from evora.engines.vllm_weights import EXTENSION, check_vllm, whole_matrices
 from evora.lora.noise import DenseNoise, perturbed_on
 
 log = logging.getLogger(__name__)
@@ -269,7 +269,8 @@ class VLLMEngine:
             self.llm.llm_engine.remove_lora(adapter.lora_id)
 
     def base_weights(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        return self.llm.collective_rpc("evora_base_weights", args=(list(names),))[0]
+        ranks = self.llm.collective_rpc("evora_base_weights", args=(list(names),))
+        return ranks[0] if self.tensor_parallel_size == 1 else whole_matrices(ranks)
 
     def set_base_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         self.llm.collective_rpc("evora_set_base_weights", args=(dict(weights),))

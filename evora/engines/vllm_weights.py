@@ -9,7 +9,8 @@ dense tensor. This extension maps a checkpoint name to (layer, shard) and:
 
 - GPU, tensor-parallel size 1: writes the shard's rows of the dense weight in place;
 - GPU, tensor-parallel size > 1: hands the whole matrix to the layer's own `weight_loader`,
-  which keeps this rank's part (as loading a checkpoint does);
+  which keeps this rank's part (as loading a checkpoint does); read back, each rank gives its
+  part (`RankPart`, where vLLM's loaders put it) and the engine puts them together;
 - CPU: keeps a dense copy of each touched layer (from the checkpoint, then as set), writes
   the rows, and re-packs the layer with vLLM's own `dispatch_cpu_unquantized_gemm`.
 
@@ -19,6 +20,7 @@ the internals it uses is installed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
@@ -89,18 +91,22 @@ class BaseWeightsExtension:
 
         for term in noise:  # the dense copies of a CPU engine are made one at a time, before the threads
             self._evora_dense(*self._evora_locate(term.name)[:2])
-        in_parallel(perturb, list(noise), next(iter(master.values())).device if master else "cpu")
+        device = next(iter(master.values())).device if master else "cpu"
+        in_parallel(perturb, list(noise), device, cost=lambda term: master[term.name].numel())
         if _on_cpu():
             for fused, layer in touched.items():
                 _repack(layer, self._evora_dense_copies[fused])
 
-    def evora_base_weights(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        if self._evora_tp() > 1:
-            raise NotImplementedError("reading base weights back from vLLM needs tensor_parallel_size=1")
-        out = {}
+    def evora_base_weights(self, names: Sequence[str]) -> dict[str, Any]:
+        """Each named matrix, whole; at tensor-parallel size > 1 this rank's part of it (a
+        `RankPart`: `whole_matrices` puts the ranks' parts together)."""
+        out: dict[str, Any] = {}
         for name in names:
-            layer, fused, offset, size, _ = self._evora_locate(name)
-            out[name] = self._evora_dense(layer, fused)[offset : offset + size].detach().cpu().clone()
+            layer, fused, offset, size, shard_id = self._evora_locate(name)
+            if self._evora_tp() > 1:
+                out[name] = rank_part(layer, shard_id)
+            else:
+                out[name] = self._evora_dense(layer, fused)[offset : offset + size].detach().cpu().clone()
         return out
 
     # --- pieces -------------------------------------------------------------------------
@@ -120,7 +126,7 @@ class BaseWeightsExtension:
                 path = f"{parent}.{fused}"
                 layer = _base_layer(model, path, name)
                 index = parts.index(leaf)
-                sizes = list(layer.output_sizes)
+                sizes = checkpoint_rows(layer)
                 shard_id = ("q", "k", "v")[index] if fused == "qkv_proj" else index
                 return layer, path, sum(sizes[:index]), sizes[index], shard_id
         layer = _base_layer(model, module, name)
@@ -154,6 +160,62 @@ class BaseWeightsExtension:
             parameter.weight_loader(parameter, loaded)
         else:
             parameter.weight_loader(parameter, loaded, shard_id)
+
+
+def checkpoint_rows(layer: Any) -> list[int]:
+    """Rows of each checkpoint matrix a fused layer holds (at tensor-parallel size 1, also where
+    each starts in its weight). vLLM's `output_sizes` count each rank's k/v heads times the
+    ranks: with more ranks than KV heads, heads replicated over ranks counted again."""
+    from vllm.model_executor.layers.linear import QKVParallelLinear
+
+    if isinstance(layer, QKVParallelLinear):
+        kv = layer.total_num_kv_heads
+        return [layer.total_num_heads * layer.head_size, kv * layer.head_size, kv * layer.v_head_size]
+    return list(layer.output_sizes)
+
+
+@dataclass(frozen=True)
+class RankPart:
+    """A tensor-parallel rank's part of a checkpoint matrix: block `index` of `blocks` equal
+    blocks along `dim` (ranks that replicate a KV head hold the same block)."""
+
+    tensor: torch.Tensor
+    index: int
+    blocks: int
+    dim: int
+
+
+def rank_part(layer: Any, shard_id: Any) -> RankPart:
+    """This rank's part of the checkpoint matrix `shard_id` names in `layer` (None: the layer's
+    own matrix), read where vLLM's weight loaders put it."""
+    from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+
+    weight, rank, ranks = layer.weight.data, layer.tp_rank, layer.tp_size
+    if isinstance(layer, RowParallelLinear):
+        return RankPart(weight.detach().cpu().clone(), rank, ranks, 1)
+    if shard_id is None:
+        return RankPart(weight.detach().cpu().clone(), rank, ranks, 0)
+    if isinstance(layer, QKVParallelLinear):
+        q, kv = layer.num_heads * layer.head_size, layer.num_kv_heads * layer.head_size
+        start, rows = {"q": (0, q), "k": (q, kv), "v": (q + kv, layer.num_kv_heads * layer.v_head_size)}[shard_id]
+        if shard_id == "q":
+            index, blocks = rank, ranks
+        else:
+            index, blocks = rank // layer.num_kv_head_replicas, layer.total_num_kv_heads // layer.num_kv_heads
+    else:  # gate/up and the like: each part split evenly over the ranks
+        local = [size // ranks for size in layer.output_sizes]
+        start, rows, index, blocks = sum(local[:shard_id]), local[shard_id], rank, ranks
+    return RankPart(weight[start : start + rows].detach().cpu().clone(), index, blocks, 0)
+
+
+def whole_matrices(ranks: Sequence[Mapping[str, RankPart]]) -> dict[str, torch.Tensor]:
+    """Every rank's parts of each matrix, put together."""
+    out = {}
+    for name in ranks[0]:
+        blocks = {part.index: part for part in (parts[name] for parts in ranks)}
+        first = blocks[0]
+        out[name] = torch.cat([blocks[i].tensor for i in range(first.blocks)], dim=first.dim)
+    return out
 
 
 def _on_cpu() -> bool:

@@ -45,6 +45,37 @@ def locate_model(spec: str, key: str = "model.path") -> ModelLocation:
     return ModelLocation(spec, False)
 
 
+HUB_TIMEOUT_S = 5.0  # the hub's answer to one metadata request; transformers' own retries take half a minute
+
+
+def check_hub_model(spec: str, revision: str | None = None, key: str = "model.path") -> None:
+    """A hub model about to be read: in the local cache, or the hub answers within seconds;
+    otherwise one line naming `key`, the cache folder and HF_HUB_OFFLINE. Offline and not
+    cached is bad input (exit 2); a hub out of reach, a runtime failure (exit 1)."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(try_to_load_from_cache(spec, "config.json", revision=revision), str):
+        return
+    cache = constants.HF_HUB_CACHE
+    remedy = (
+        f"download it where there is network (hf download {spec}) and point HF_HUB_CACHE at that cache, "
+        f"or set {key} to a local model folder"
+    )
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(f'{key}="{spec}": not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1; {remedy}')
+    try:
+        HfApi().model_info(spec, revision=revision, timeout=HUB_TIMEOUT_S)
+    except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError):
+        raise ConfigError(f'{key}="{spec}": no such model on the hub, or no access to it') from None
+    except Exception as error:  # the hub's client raises its transport's errors (httpx), not OSError
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
+        raise RunError(
+            f'{key}="{spec}": the Hugging Face hub ({constants.ENDPOINT}) cannot be reached ({reason}) and the '
+            f"model is not in the cache ({cache}); {remedy}; on a node without internet set HF_HUB_OFFLINE=1"
+        ) from None
+
+
 @contextmanager
 def hub_access(spec: str, key: str = "model.path") -> Iterator[None]:
     """A model or tokenizer that cannot be fetched from the hub: one line naming `key`.

@@ -21,7 +21,7 @@ from typing import Any
 from evora.config.schema import RunConfig
 from evora.lora.layout import AdapterLayout, build_layout
 from evora.lora.modules import ModelModules, model_modules
-from evora.models import hub_access, locate_model
+from evora.models import check_hub_model, hub_access, locate_model
 from evora.models.parameters import count_parameters
 from evora.plan.validate import ENGINES
 from evora.strategies import get_strategy
@@ -76,8 +76,10 @@ def build_plan(run: RunConfig) -> RunPlan:
     """Resolve a validated `run`; the first problem is a one-line ConfigError."""
     check_environment(run)
     location = locate_model(run.model.path)
-    if run.model.tokenizer is not None:
-        locate_model(run.model.tokenizer, key="model.tokenizer")
+    if not location.is_local:
+        check_hub_model(location.path, run.model.revision)
+    if run.model.tokenizer is not None and not locate_model(run.model.tokenizer, key="model.tokenizer").is_local:
+        check_hub_model(run.model.tokenizer, run.model.revision, key="model.tokenizer")
     with hub_access(run.model.path):  # a hub model's config is fetched here
         modules = model_modules(
             location.path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code

@@ -198,6 +198,8 @@ def _check_engine(run: RunConfig) -> None:
     require(engine.max_loras >= 1, "engine.max_loras", engine.max_loras, "must be >= 1")
     choice("engine.units", engine.units, UNITS)
     require(engine.max_num_seqs >= 1, "engine.max_num_seqs", engine.max_num_seqs, "must be >= 1")
+    timeout = engine.unit_timeout_s
+    require(timeout is None or timeout > 0, "engine.unit_timeout_s", timeout, "must be > 0 (seconds) or null")
 
 
 def _check_hardware(run: RunConfig) -> None:

@@ -61,6 +61,11 @@ def members_report(start: Event) -> bool:
 
 def pool_line(change: dict[str, Any]) -> str:
     """A worker lost or replaced (the pool's events; units are rerun, results do not change)."""
+    if change["event"] == "worker-lost" and change.get("hung_s") is not None:
+        return (
+            f"engine worker {change['worker']} gave no result in {change['hung_s']:g} s (engine.unit_timeout_s): "
+            "killed; its work is rerun on the others"
+        )
     if change["event"] == "worker-lost":
         return f"engine worker {change['worker']} lost; its work is rerun on the others"
     return f"engine worker {change['worker']} started as a replacement (node {change['node'][:12]})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ SECRET_KEY = re.compile(r"(key|token|secret|password)$", re.IGNORECASE)
 REDACTED = "<redacted>"
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
+CLI_LOG = "cli.log"  # a run folder's tracebacks; on the console too with EVORA_DEBUG=1
 LINEAGE_FILE = "lineage.jsonl"  # a family tree, for strategies that keep one: one record per member
 
 
@@ -39,3 +41,11 @@ def write_config(run_dir: str | Path, run: Any) -> Path:
     path = Path(run_dir) / CONFIG_FILE
     path.write_text(yaml.safe_dump(config_dict(run), sort_keys=False))
     return path
+
+
+def log_traceback(run_dir: str | Path, error: BaseException) -> str:
+    """Append `error`'s traceback to the run folder's cli.log; returns the traceback."""
+    trace = "".join(traceback.format_exception(error))
+    with open(Path(run_dir) / CLI_LOG, "a") as log:
+        log.write(trace)
+    return trace

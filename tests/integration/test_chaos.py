@@ -20,8 +20,11 @@ observable state (records, actor states), never on time.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +67,12 @@ VARYING |= {"workers", "workers_lost", "workers_replaced", "pool_events"}
 @pytest.fixture(scope="module")
 def cluster():
     yield from three_nodes()
+
+
+@pytest.fixture(scope="module")
+def references() -> dict[str, Path]:
+    """Fault-free runs' folders by strategy, kept for the module's later tests."""
+    return {}
 
 
 @dataclass
@@ -155,7 +164,7 @@ def assert_recovered(chaos: Chaos, workers: int) -> None:
     ],
 )
 def test_seeded_worker_and_driver_kills_leave_the_run_bitwise_equal_to_a_fault_free_one(
-    cluster, strategy, seed, workers
+    cluster, references, strategy, seed, workers
 ):
     # The fault-free run: one worker, on the same cluster, at the same time (it leaves the chaos
     # run's waits for its replacements and its restart less idle time).
@@ -166,7 +175,40 @@ def test_seeded_worker_and_driver_kills_leave_the_run_bitwise_equal_to_a_fault_f
         finish(fault_free)
     finally:
         fault_free.kill()  # gone already, unless the chaos run failed
+    references[strategy] = run_folder(out)
     assert_recovered(chaos, workers)
-    assert_bitwise_equal(chaos.run_dir, run_folder(out))
+    assert_bitwise_equal(chaos.run_dir, references[strategy])
     if strategy == "eggroll":  # the replacements' weights: a snapshot (of generation 3 or later) and the updates since
         assert chaos.replaced_at[0] - 1 > 3, chaos.replaced_at
+
+
+HUNG_AFTER_S = 30  # engine.unit_timeout_s of the hung-worker run: well above a unit's seconds here
+
+
+def test_a_hung_worker_is_killed_after_the_unit_deadline_and_the_run_ends_bitwise_equal(cluster, references):
+    """One of two workers stopped (SIGSTOP: alive to Ray, never answering) once generation 1 is
+    logged: the pool takes it for hung when its unit passes engine.unit_timeout_s, kills and
+    replaces it, and its units run again elsewhere with the same results."""
+    started = None if "es" in references else start_on(cluster, (*RUNS["es"], "hardware.num_workers=1"))
+    out, process = start_on(cluster, (*RUNS["es"], "hardware.num_workers=2", f"engine.unit_timeout_s={HUNG_AFTER_S}"))
+    victim = None
+    try:
+        run_dir = wait_for(process, lambda: logged(out, 1), "generation 1")
+        driver = live_driver(cluster, run_dir)
+        victim = min(live_workers(cluster, run_dir, driver.pid), key=lambda actor: actor.name)
+        os.kill(victim.pid, signal.SIGSTOP)
+        stdout = finish(process)
+        if started is not None:
+            finish(started[1])
+            references["es"] = run_folder(started[0])
+    finally:
+        process.kill()
+        if started is not None:
+            started[1].kill()
+        if victim is not None:
+            with contextlib.suppress(ProcessLookupError):  # killed by the pool, as it should be
+                os.kill(victim.pid, signal.SIGKILL)
+    assert f"gave no result in {HUNG_AFTER_S} s (engine.unit_timeout_s): killed" in stdout, stdout
+    records = read_metrics(run_dir)
+    assert sum(r.get("workers_lost", 0) for r in records) >= 1 and records[-1]["workers"] == 2, records
+    assert_bitwise_equal(run_dir, references["es"])

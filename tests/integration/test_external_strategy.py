@@ -1,7 +1,8 @@
 """A strategy from outside evora, registered from its own package and run end to end through
-the CLI: Ray, vLLM workers, checkpoint, resume, summary, `evora compare`. Its source is the
-worked example of docs/architecture.md (examples/mypkg/strategies.py), copied into a
-temporary package that evora has never heard of."""
+the CLI: Ray, vLLM workers, checkpoint, resume, summary, model cards, `evora compare`. Its
+source is the worked example of docs/architecture.md (examples/mypkg/strategies.py), copied
+into a temporary package that evora has never heard of, with the user's own task class
+(examples/mypkg/tasks.py) and a name of their own for the model."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def user_package(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("user")
     (root / "userpkg").mkdir()
     (root / "userpkg" / "__init__.py").write_text("")
-    shutil.copy(ROOT / "examples" / "mypkg" / "strategies.py", root / "userpkg" / "strategies.py")
+    for module in ("strategies.py", "tasks.py"):
+        shutil.copy(ROOT / "examples" / "mypkg" / module, root / "userpkg" / module)
     return root
 
 
@@ -44,6 +46,8 @@ def test_a_user_strategy_runs_checkpoints_resumes_and_compares(user_package, tmp
     args = [
         f"strategy.name={STRATEGY}",
         "strategy.population=4",
+        "task.name=userpkg.tasks:ReverseTask",
+        "model.name=my_model",
         *SMALL[1:],
         "engine=hf",  # the plugin is the point, not the engine
         "hardware.num_workers=1",
@@ -64,6 +68,9 @@ def test_a_user_strategy_runs_checkpoints_resumes_and_compares(user_package, tmp
     assert summary["strategy"] == STRATEGY and summary["generations"] == 3 and summary["center"] == "incumbent"
     assert (run_dir / "adapters" / "incumbent" / "adapter_model.safetensors").is_file()
     assert all(r["winner_solved"] >= 0 for r in read_metrics(run_dir)[1:])  # tell saw the per-prompt matrix
+    # The finish's cards, with a command that names the user's model and task as keys.
+    card = (run_dir / "adapters" / "incumbent" / "README.md").read_text()
+    assert "model.name=my_model" in card and "task.name=userpkg.tasks:ReverseTask" in card and "model=" not in card
 
     compared = run_evora(["compare", str(run_dir), "--out", str(tmp_path / "cmp")], cwd=tmp_path)
     assert compared.returncode == 0, compared.stderr[-3000:]

@@ -108,8 +108,8 @@ def test_a_diverging_update_stops_in_one_line_before_its_checkpoint():
         (["hardware=gpu", "engine=hf"], 2, ["hardware.gpus_per_worker=1: the Ray cluster has no GPUs"]),
         (
             ["model.path=Qwen/Qwen2.5-0.5B-Instruct", "engine=hf"],
-            1,
-            ['model.path="Qwen/Qwen2.5-0.5B-Instruct": cannot reach the Hugging Face hub', "HF_HUB_OFFLINE=1"],
+            2,
+            ['model.path="Qwen/Qwen2.5-0.5B-Instruct": not in the Hugging Face cache', "HF_HUB_OFFLINE=1"],
         ),
     ],
     ids=["inf", "unwritable-out-dir", "capacity", "no-gpus", "hub-offline"],
@@ -121,6 +121,20 @@ def test_bad_input_after_ray_starts_too_is_one_line(overrides, code, parts):
         args.append(f"tracking.out_dir={out}")
     result = run_evora(args, cwd=out, env={"HF_HUB_OFFLINE": "1"})
     one_error_line(result, code, *parts)
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["eval", "adapter=base"]], ids=["doctor", "eval"])
+def test_an_uncached_hub_model_offline_is_one_line_in_seconds(command, tmp_path):
+    """Not transformers' half a minute of retries and its traceback: the cache is looked up, and
+    HF_HUB_OFFLINE=1 says the hub will not be asked."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    started = time.monotonic()
+    result = run_evora([*command, "model.path=Qwen/Qwen2.5-1.5B-Instruct"], cwd=tmp_path, env=env)
+    seconds = time.monotonic() - started
+    one_error_line(
+        result, 2, 'model.path="Qwen/Qwen2.5-1.5B-Instruct": not in the Hugging Face cache', "HF_HUB_OFFLINE=1"
+    )
+    assert seconds < 20, seconds  # about 3 s on an idle machine, mostly imports; the retries took 26 s and more
 
 
 def test_vllm_not_installed_is_one_line_before_ray():

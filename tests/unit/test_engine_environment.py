@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from evora.engines.base import EngineSpec
 from evora.engines.environment import engine_environment, vllm_environment
@@ -17,6 +20,7 @@ def test_a_vllm_engine_on_cpu_runs_in_its_process_unbound_with_the_runs_kv_cache
     assert vllm_environment(spec, environ={}) == {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_LOGGING_LEVEL": "WARNING",
+        "VLLM_USE_V2_MODEL_RUNNER": "0",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "VLLM_CPU_KVCACHE_SPACE": "3",
         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128",
@@ -30,6 +34,7 @@ def test_a_vllm_engine_on_cpu_runs_in_its_process_unbound_with_the_runs_kv_cache
     }
     assert vllm_environment(spec, environ=users) == {
         **users,
+        "VLLM_USE_V2_MODEL_RUNNER": "0",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "VLLM_CPU_KVCACHE_SPACE": "3",
     }
@@ -37,8 +42,30 @@ def test_a_vllm_engine_on_cpu_runs_in_its_process_unbound_with_the_runs_kv_cache
 
 def test_only_cpu_engines_get_cpu_settings_and_the_transformers_engine_needs_none():
     gpu = EngineSpec(model="m", device="cuda")
-    assert set(engine_environment("vllm", gpu)) == {"VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_LOGGING_LEVEL"}
+    assert set(engine_environment("vllm", gpu)) == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "VLLM_LOGGING_LEVEL",
+        "VLLM_USE_V2_MODEL_RUNNER",
+    }
     assert engine_environment("hf", EngineSpec(model="m")) == {}
+
+
+def test_vllm_picks_its_v1_model_runner_on_a_gpu_with_triton_in_evoras_environment(monkeypatch):
+    """vLLM's own choice (VllmConfig.use_v2_model_runner), as on a GPU machine: Triton there and
+    no feature V2 lacks. Without evora's environment it picks V2; with it, V1."""
+    config = pytest.importorskip("vllm.config.vllm")
+    monkeypatch.setattr(config, "HAS_TRITON", True)
+    plain = SimpleNamespace(
+        attention_config=SimpleNamespace(hisparse_config=None),
+        watermark_config=None,
+        _get_v2_model_runner_unsupported_features=lambda: [],
+    )
+    choose = config.VllmConfig.use_v2_model_runner.fget
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    assert choose(plain) is True
+    for name, value in engine_environment("vllm", EngineSpec(model="m", device="cuda")).items():
+        monkeypatch.setenv(name, value)
+    assert choose(plain) is False
 
 
 WRITERS = {"os.putenv", "os.unsetenv", *(f"os.environ.{m}" for m in ("setdefault", "update", "pop", "clear"))}

@@ -39,6 +39,16 @@ def test_the_reproducing_command_composes_to_the_runs_own_config(overrides):
     assert config_dict(compose_run(words[1:], validated=False)) == config_dict(run)
 
 
+def test_a_users_own_names_reproduce_as_keys_on_the_default_options():
+    """A model named by its user and a task class by import path are none of their groups'
+    options: composing `model=my_model` would fail the finished run's cards."""
+    run = compose_run(["model=gpt2", "model.name=my_model", "task.name=custom_example:EvenSumsTask", "seed=2"])
+    words = shlex.split(reproduce_command(run))
+    assert not any(w.startswith(("model=", "task=")) for w in words)
+    assert "model.name=my_model" in words and "task.name=custom_example:EvenSumsTask" in words
+    assert config_dict(compose_run(words[1:])) == config_dict(run)
+
+
 def test_the_command_is_made_where_hydra_runs_already():
     """PBT's finish runs in the CLI's process, inside its @hydra.main on the same config folder."""
     run = compose_run(["strategy=ga", "seed=4"], validated=False)
