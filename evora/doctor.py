@@ -17,7 +17,15 @@ from evora.lora.modules import ModelModules, model_modules, modules_of_config
 from evora.models import BUNDLED_DIR, check_hub_model, locate_model
 from evora.models.memory import GIB
 from evora.plan.compose import compose_run
-from evora.plan.fit import MASTER_MARGIN, check_fits, device_memory, master_device, memory_need, plan_memory
+from evora.plan.fit import (
+    MASTER_MARGIN,
+    check_fits,
+    device_memory,
+    host_need,
+    master_device,
+    memory_need,
+    plan_memory,
+)
 from evora.plan.run_plan import build_plan, model_layout
 from evora.plan.validate import validate
 
@@ -121,6 +129,14 @@ def _memory_lines(run: RunConfig, memory: Any) -> list[str]:
         )
     available = f"{budget / GIB:.1f} GiB usable" if budget else "memory unknown"
     lines.append(f"device       {what}: {available} -> {fit}")
+    if run.hardware.gpus_per_worker > 0 and memory.master:
+        host = host_need(run, memory)
+        parts = " + ".join(f"{name} {size / GIB:.1f}" for name, size in host.per_worker.items())
+        verdict = "fits" if host.need <= host.total else "does NOT fit"
+        lines.append(
+            f"host         {host.workers} workers a node x ({parts}) GiB + Ray's object store "
+            f"{host.object_store / GIB:.0f} GiB = {host.need / GIB:.0f} of {host.total / GIB:.0f} GiB -> {verdict}"
+        )
     return lines
 
 

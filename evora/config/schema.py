@@ -118,6 +118,8 @@ class HardwareConfig:
     worker_replacements: int = 8  # lost engine workers replaced per run (then the pool goes on smaller)
     gpu_memory_utilization: float = 0.05
     gpu_memory_gib: Optional[float] = None  # each GPU's memory (None: read from a GPU here, if any)
+    host_memory_gib: Optional[float] = None  # each node's RAM, for GPU runs' host check (None: this host's)
+    gpus_per_node: Optional[int] = None  # GPUs a node holds, for the host check (None: this host's, else 8)
     min_units: int = 2  # engine.units=fixed: a generation's prompts are cut too until it has this many units
     master_weights: str = "auto"  # full-weight strategies' fp32 copies: auto (on the GPU when they fit) | device | host
     kv_cache_gib: int = 1

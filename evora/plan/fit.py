@@ -3,6 +3,7 @@ against a GPU's memory or this host's RAM, checked before Ray and shown by `evor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from evora.config.schema import RunConfig, vllm_lora_rank
@@ -86,7 +87,57 @@ def memory_need(run: RunConfig, memory: Any) -> tuple[int, int]:
     return workers * (memory.weights + memory.lora_slots + kv + memory.master), total or 0
 
 
+# What a GPU run holds on its node's host besides the master copies, by Ray's and vLLM's defaults.
+OBJECT_STORE_SHARE = 0.3  # Ray's object store: 30% of a node's RAM unless told otherwise
+ENGINE_HOST_BYTES = 4 * GIB  # an engine process's own host memory (the Python process, CUDA's host side, tokenizer)
+NODE_GPUS = 8  # doctor's assumption where neither this host nor hardware.gpus_per_node says
+
+
+@dataclass(frozen=True)
+class HostNeed:
+    """One GPU node's host memory: its workers' shares beside Ray's object store."""
+
+    workers: int  # on one node
+    per_worker: dict[str, int]  # what each worker holds on the host, by part
+    object_store: int
+    total: int  # the node's RAM (0: unknown)
+
+    @property
+    def need(self) -> int:
+        return self.workers * sum(self.per_worker.values()) + self.object_store
+
+
+def host_need(run: RunConfig, memory: Any) -> HostNeed:
+    """A GPU run's host memory on one node: each worker's master copies when they are on the
+    host, with a second copy while a snapshot is restored into them, the base weights a KL
+    measurement keeps, and its engine process; and Ray's object store."""
+    import psutil
+
+    hardware = run.hardware
+    total = (
+        int(hardware.host_memory_gib * GIB) if hardware.host_memory_gib is not None else psutil.virtual_memory().total
+    )
+    gpus = hardware.gpus_per_node or _local_gpus() or NODE_GPUS
+    per_node = max(1, gpus // max(1, hardware.gpus_per_worker * max(1, hardware.tensor_parallel_size)))
+    workers = min(hardware.num_workers or per_node, per_node)
+    parts = {"engine process": ENGINE_HOST_BYTES}
+    if memory.master and master_device(run, memory) == "cpu":
+        parts["master copies"] = memory.master
+        parts["a snapshot being restored"] = memory.master
+    if memory.master:
+        parts["the base weights KL keeps"] = memory.weights
+    return HostNeed(workers, parts, int(OBJECT_STORE_SHARE * total), total)
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def check_fits(run: RunConfig, memory: Any) -> None:
+    if run.hardware.gpus_per_worker > 0 and memory.master and (run.hardware.gpus_per_node or _local_gpus()):
+        check_host(run, memory)  # where a node is known: its GPUs stated, or this host's
     need, budget = memory_need(run, memory)
     if not budget or need <= budget:
         return
@@ -105,4 +156,28 @@ def check_fits(run: RunConfig, memory: Any) -> None:
         f"the workers need {need / GIB:.1f} GiB ({parts}, KV cache and master copies per worker) and this host "
         f"has {budget / GIB:.1f} GiB; lower hardware.num_workers, engine.max_loras or hardware.kv_cache_gib, "
         "or use model.dtype=bfloat16",
+    )
+
+
+def check_host(run: RunConfig, memory: Any) -> None:
+    """A full-weight GPU run's workers fit their node's RAM, or one line naming what to change:
+    else each worker is killed for memory, and its replacements die the same way. (A LoRA run's
+    workers hold little on the host beside their engine process.)"""
+    host = host_need(run, memory)
+    if not host.total or host.need <= host.total:
+        return
+    parts = ", ".join(f"{name} {size / GIB:.1f}" for name, size in host.per_worker.items())
+    on_host = "master copies" in host.per_worker
+    key, value = (
+        ("hardware.master_weights", run.hardware.master_weights)
+        if on_host
+        else ("hardware.num_workers", run.hardware.num_workers)
+    )
+    raise fail(
+        key,
+        value,
+        f"{host.workers} workers on a node need {host.need / GIB:.0f} GiB of host memory ({parts} GiB each, and "
+        f"Ray's object store {host.object_store / GIB:.0f}) and a node has {host.total / GIB:.0f} GiB "
+        "(hardware.host_memory_gib); put the master copies on the GPUs (hardware.master_weights=device, with a lower "
+        "hardware.gpu_memory_utilization), use fewer workers a node, or raise hardware.tensor_parallel_size",
     )

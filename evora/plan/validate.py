@@ -213,6 +213,10 @@ def _check_hardware(run: RunConfig) -> None:
         "allowed: 0 (CPU engines), 1 (GPU engines); more GPUs per engine: hardware.tensor_parallel_size",
     )
     require(hw.tensor_parallel_size >= 1, "hardware.tensor_parallel_size", hw.tensor_parallel_size, "must be >= 1")
+    if hw.host_memory_gib is not None:
+        require(hw.host_memory_gib > 0, "hardware.host_memory_gib", hw.host_memory_gib, "must be > 0, or null")
+    if hw.gpus_per_node is not None:
+        require(hw.gpus_per_node >= 1, "hardware.gpus_per_node", hw.gpus_per_node, "must be >= 1, or null")
     if hw.tensor_parallel_size > 1:
         require(
             hw.gpus_per_worker == 1 and run.engine.name == "vllm",

@@ -174,6 +174,21 @@ def test_doctor_estimates_a_hub_model_from_its_config_alone(model, millions, tmp
     assert too_small.returncode == 2 and "does NOT fit" in too_small.stdout
 
 
+def test_a_full_weight_gpu_run_beyond_its_nodes_ram_is_refused_naming_the_key(tmp_path):
+    """EGGROLL with Adam at 7B on 8 GPUs of a 256 GiB node: 73 GiB of master copies and moments a
+    worker on the host (they do not fit beside vLLM's share of an 80 GiB GPU)."""
+    node = ["model=qwen2_5_7b", "strategy=eggroll", "strategy.optimizer=adam", "hardware=gpu"]
+    node += ["hardware.gpu_memory_gib=80", "hardware.gpus_per_node=8", "hardware.num_workers=8"]
+    small = doctor([*node, "hardware.host_memory_gib=256"], tmp_path)
+    assert small.returncode == 2, small.stdout + small.stderr[-2000:]
+    host = next(line for line in small.stdout.splitlines() if line.startswith("host "))
+    assert "8 workers a node" in host and "master copies 72.9" in host and host.endswith("of 256 GiB -> does NOT fit")
+    verdict = small.stdout.strip().splitlines()[-1]
+    assert verdict.startswith('verdict      cannot run: hardware.master_weights="auto": 8 workers on a node need')
+    large = doctor([*node, "hardware.host_memory_gib=2048"], tmp_path)
+    assert large.returncode == 0 and "of 2048 GiB -> fits" in large.stdout, large.stdout + large.stderr[-2000:]
+
+
 def test_a_run_whose_estimate_exceeds_the_device_stops_before_ray(tmp_path):
     result = run_evora(["hardware.num_workers=64", "hardware.kv_cache_gib=1"], tmp_path)
     assert result.returncode == 2
