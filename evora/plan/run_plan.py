@@ -213,7 +213,10 @@ def check_environment(run: RunConfig) -> None:
     if task.data_path is not None:
         require(Path(task.data_path).is_file(), "task.data_path", task.data_path, "file not found")
     engine = run.engine
-    require(Path(engine.adapter_dir).is_dir(), "engine.adapter_dir", engine.adapter_dir, "directory not found")
+    try:  # made where missing, as each worker makes it on its node (a job's own scratch: launch/slurm.sbatch)
+        Path(engine.adapter_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise fail("engine.adapter_dir", engine.adapter_dir, f"cannot make it ({error.strerror or error})") from None
     if engine.name == "vllm":
         require(
             module_available("vllm"),

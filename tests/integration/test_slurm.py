@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -91,11 +90,10 @@ def slurm(tmp_path_factory):
 
 
 def sbatch(env: dict, out: Path, *overrides: str, wait: bool) -> subprocess.CompletedProcess:
-    """The batch script on one node, its output in out/job.log; with `wait`, until the job ends."""
-    # The job's Ray keeps its files (and its "current cluster" address) under a folder of its own:
-    # in /tmp/ray, a plain ray.init() of another test running meanwhile would join this cluster.
-    ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
-    job_env = {**env, "EVORA": str(BIN / "evora"), "RAY_PORT": str(free_port()), "RAY_TMPDIR": ray_tmp}
+    """The batch script on one node, its output in out/job.log; with `wait`, until the job ends.
+    Ports, Ray's temp folder and the scratch folder are the script's own choice per job (its
+    temp folder also keeps a plain ray.init() of another test from joining the job's cluster)."""
+    job_env = {**env, "EVORA": str(BIN / "evora")}
     command = ["sbatch", "--parsable", "--nodes=1", f"--output={out}/job.log", f"--chdir={out}"]
     command += ["--wait"] * wait + [str(SCRIPT), *overrides]
     return subprocess.run(command, env=job_env, capture_output=True, text=True, timeout=900)
@@ -116,6 +114,9 @@ def wait_until(condition, what: str, limit_s: float = 600) -> None:
 
 
 def test_a_run_cancelled_mid_run_resumes_through_the_script_and_finishes_in_its_run_folder(slurm, tmp_path):
+    """A second job on the same node at the same time as the resumed one (each with its own Ray
+    ports, temp and scratch folders) runs to its end beside it; neither a cancelled job nor a
+    finished one leaves its scratch or Ray folder behind."""
     runs = tmp_path / "runs"
     submitted = sbatch(slurm, tmp_path, *RUN, "generations=6", f"tracking.out_dir={runs}", wait=False)
     job = submitted.stdout.strip().split(";")[0]
@@ -131,9 +132,19 @@ def test_a_run_cancelled_mid_run_resumes_through_the_script_and_finishes_in_its_
     run_dir = only_run_dir(runs)
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
     assert len(read_metrics(run_dir)) < 7  # stopped before the end
-    resumed = sbatch(slurm, tmp_path, f"resume={run_dir}", wait=True)
+    assert not Path(f"/dev/shm/evora-job-{job}").exists() and not Path(f"/tmp/ray-evora-{job}").exists()
+    resumed = sbatch(slurm, tmp_path, f"resume={run_dir}", wait=False)
+    resumed_job = resumed.stdout.strip().split(";")[0]
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    other = sbatch(slurm, beside, *RUN, "generations=1", f"tracking.out_dir={beside / 'runs'}", wait=True)
+    assert other.returncode == 0, (beside / "job.log").read_text()[-4000:]
+    other_job = other.stdout.strip().split(";")[0]
+    assert (only_run_dir(beside / "runs") / "eval" / "summary.json").is_file()
+    assert not Path(f"/dev/shm/evora-job-{other_job}").exists() and not Path(f"/tmp/ray-evora-{other_job}").exists()
+    wait_until(lambda: not job_listed(slurm, resumed_job), "the resumed job's end")
     log = (tmp_path / "job.log").read_text()
-    assert resumed.returncode == 0, log[-4000:]
+    assert "evora: error" not in log, log[-4000:]
     assert "evora on SLURM job" in log and "Ray head" in log
     assert [r["generation"] for r in read_metrics(run_dir)] == list(range(7))
     assert json.loads((run_dir / "eval" / "summary.json").read_text())["generations"] == 6
