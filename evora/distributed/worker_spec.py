@@ -91,6 +91,17 @@ def adapter_dtype(model_dtype: str, model_path: str) -> str:
     return model_dtype if model_dtype in ADAPTER_DTYPES else "float32"
 
 
+def vllm_target_modules(layout: AdapterLayout) -> tuple[str, ...]:
+    """vLLM's `lora_target_modules` for a layout: its suffixes, and `experts` where it adapts a
+    mixture's experts. vLLM wraps a mixture layer's routed experts as one module,
+    `model.layers.N.mlp.experts` (its fused-MoE runner), and `is_in_target_modules` takes it
+    only by that name: its packed parts are `experts.0.gate_proj`, ..., never `gate_proj`.
+    (q/k/v_proj select `qkv_proj` and gate/up_proj a dense `gate_up_proj` through the model's
+    packed mapping.) vLLM's expert LoRA carries gate, up and down of every expert at once."""
+    targets = tuple(layout.target_modules)
+    return (*targets, "experts") if layout.has_experts and "experts" not in targets else targets
+
+
 def worker_spec(
     run: RunConfig,
     model_path: str,
@@ -103,7 +114,7 @@ def worker_spec(
     master_device: str = "cpu",
 ) -> WorkerSpec:
     # The engine wraps the modules the layout targets (PBT: the union over its search space).
-    engine = replace(engine_spec(run, model_path, max_lora_rank), lora_target_modules=tuple(layout.target_modules))
+    engine = replace(engine_spec(run, model_path, max_lora_rank), lora_target_modules=vllm_target_modules(layout))
     return WorkerSpec(
         run.engine.name,
         engine,

@@ -179,7 +179,8 @@ def install_memory_adapters() -> bool:
         helper.validate_legal(self.lora_config)
         mapper = getattr(self._adapter_manager.model, "hf_to_vllm_mapper", None)
         mapper = mapper.get_rename_mapper() if mapper is not None else None
-        _check_modules(self, tensors, mapper, lora_request.lora_name)
+        skip_prefixes = getattr(self._adapter_manager.model, "lora_skip_prefixes", None)
+        _check_modules(self, tensors, mapper, lora_request.lora_name, helper, skip_prefixes)
         lora = self._lora_model_cls.from_lora_tensors(
             lora_model_id=lora_request.lora_int_id,
             tensors=dict(tensors),
@@ -188,6 +189,7 @@ def install_memory_adapters() -> bool:
             dtype=self.lora_config.lora_dtype,
             model_vocab_size=self.vocab_size,
             weights_mapper=mapper,
+            skip_prefixes=skip_prefixes,
         )
         lora.is_3d_lora_weight = lora_request.is_3d_lora_weight
         for check in ("_validate_moe_lora_format", "_validate_modules_to_save", "_validate_token_classification_lora"):
@@ -199,22 +201,48 @@ def install_memory_adapters() -> bool:
     return True
 
 
-def _check_modules(manager: Any, tensors: Any, mapper: Any, name: str) -> None:
-    """Every tensor targets a module this model's LoRA layers take: an adapter whose modules
-    vLLM skipped would be silently not applied (vLLM's folder loader checks the same)."""
-    from vllm.lora.utils import parse_fine_tuned_lora_name
+def _expected_modules(adapter_manager: Any) -> set[str]:
+    """The module names vLLM's folder loader expects (`WorkerLoRAManager._load_adapter`): each
+    supported module, or the modules a packed one is made of (`qkv_proj` -> q/k/v_proj; a
+    mixture's `experts` -> `experts.0.gate_proj`, `experts.0.down_proj`, ... per expert), and
+    `experts` itself too (PEFT's 3-D expert format names the fused layer)."""
+    packed = adapter_manager.packed_modules_mapping
+    expected: set[str] = set()
+    for module in adapter_manager.supported_lora_modules:
+        expected.update(packed.get(module, [module]))
+        if module == "experts":
+            expected.add(module)
+    return expected
 
-    packed = manager._adapter_manager.packed_modules_mapping
-    expected = {m for module in manager._adapter_manager.supported_lora_modules for m in packed.get(module, [module])}
-    unexpected = sorted(
-        {
-            module
-            for module in (parse_fine_tuned_lora_name(key, mapper)[0] for key in tensors)
-            if module.rsplit(".", 1)[-1] not in expected
-        }
-    )
+
+def _check_modules(
+    manager: Any, tensors: Any, mapper: Any, name: str, helper: Any, skip_prefixes: list[str] | None
+) -> None:
+    """Every tensor targets a module this model's LoRA layers take: an adapter whose modules
+    vLLM skipped would be silently not applied. vLLM's folder loader's rule
+    (`LoRAModel.from_local_checkpoint`, its `check_unexpected_modules`): an expert module by its
+    name from `experts` on (`model.layers.0.mlp.experts.3.gate_proj` -> `experts.3.gate_proj`),
+    any other by its last part; `base_layer` tensors and skipped prefixes are not checked."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.utils import is_base_embedding_weights, parse_fine_tuned_lora_name
+
+    expected = _expected_modules(manager._adapter_manager)
+    to_save = set(helper.modules_to_save or ())
+    unexpected: set[str] = set()
+    for key in tensors:
+        if is_base_embedding_weights(key) or "base_layer" in key:
+            continue
+        if skip_prefixes and LoRAModel._should_skip_module(key, skip_prefixes):
+            continue
+        module = parse_fine_tuned_lora_name(key, mapper)[0]
+        if ".experts" in module:
+            if module[module.find(".experts") + 1 :] not in expected:
+                unexpected.add(module)
+        elif module.rsplit(".", 1)[-1] not in expected | to_save:
+            unexpected.add(module)
     if unexpected:
-        raise ValueError(f"adapter {name}: expected target modules in {sorted(expected)}, got {unexpected[:4]}")
+        shown = sorted(m for m in expected if not m.startswith("experts."))  # not every expert's
+        raise ValueError(f"adapter {name}: expected target modules in {shown}, got {sorted(unexpected)[:4]}")
 
 
 @functools.cache
