@@ -155,8 +155,10 @@ class Stream:
     def __init__(self, key: int):
         self.generator = generator(key)
 
-    def next_into(self, out: torch.Tensor) -> torch.Tensor:
-        return torch.randn(out.shape, generator=self.generator, out=out)
+    def next_into(self, out: torch.Tensor, std: float = 1.0) -> torch.Tensor:
+        """The next values into `out`, times `std` (>= 0) as they are made: normal_'s kernel
+        multiplies each by std once, rounded in fp32, bitwise `(N(0, 1) values) * std`."""
+        return out.normal_(0.0, std, generator=self.generator)
 
 
 def perturb_into(target: torch.Tensor, base: torch.Tensor, key: int, scale: float) -> None:
@@ -174,10 +176,17 @@ def perturb_into(target: torch.Tensor, base: torch.Tensor, key: int, scale: floa
         return
     flat_base, flat_target, stream = base.view(-1), target.view(-1), Stream(key)
     buffer = torch.empty(min(PIECE + 15, base.numel()), dtype=torch.float32)
+    # |scale| * eps drawn in one pass, then added, or subtracted for a negative scale (base - x
+    # is base + (-x) exactly); a zero scale keeps the product's signed zeros.
+    write = torch.sub if scale < 0 else torch.add
     for start, stop in pieces(base.numel(), PIECE):
-        eps = stream.next_into(buffer[: stop - start]).mul_(scale)
+        eps = (
+            stream.next_into(buffer[: stop - start], abs(scale))
+            if scale
+            else stream.next_into(buffer[: stop - start]).mul_(scale)
+        )
         # The sum in fp32, cast as it is written: bitwise the sum, then `.to(dtype)`.
-        torch.add(eps, flat_base[start:stop], out=flat_target[start:stop])
+        write(flat_base[start:stop], eps, out=flat_target[start:stop])
 
 
 def perturbed_on(base: torch.Tensor, term: DenseNoise) -> torch.Tensor:
