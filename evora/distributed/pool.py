@@ -173,12 +173,15 @@ class WorkerPool:
         """`method(*args)` on every live worker, in worker order; a worker lost on the way is
         replaced (`on_join` brings its replacement up to date when it joins)."""
         workers = self._check_in()
-        answers = self._answers({w: getattr(self.actors[w], method).remote(*args) for w in workers})
+        # No deadline: a broadcast's work (a full-weight update at 7B on a CPU: minutes) is not a unit's.
+        answers = self._answers({w: getattr(self.actors[w], method).remote(*args) for w in workers}, None)
         results = [answers[w] for w in workers if w in answers]
         while not results and self.starting:  # every worker was lost: the first replacement to start answers
             [ready], _ = ray.wait(list(self.starting), num_returns=1)
             for worker in self._joined(ready, up_to_date=False):  # `method` brings it up to date
-                results.extend(self._answers({worker: getattr(self.actors[worker], method).remote(*args)}).values())
+                results.extend(
+                    self._answers({worker: getattr(self.actors[worker], method).remote(*args)}, None).values()
+                )
         if not results:
             raise RuntimeError("every engine worker has died (hardware.worker_replacements used up)")
         return results
@@ -199,14 +202,14 @@ class WorkerPool:
         """Those of `workers` that answer (one cheap call each); the others are lost."""
         # `workers` may name one several times (its slots), and one already lost through a unit.
         distinct = sorted(set(workers) & self.alive)
-        self._answers({w: self.actors[w].__ray_ready__.remote() for w in distinct})
+        self._answers({w: self.actors[w].__ray_ready__.remote() for w in distinct}, self.unit_timeout_s)
         return [w for w in workers if w in self.alive]
 
-    def _answers(self, calls: dict[int, Any]) -> dict[int, Any]:
+    def _answers(self, calls: dict[int, Any], timeout_s: float | None) -> dict[int, Any]:
         """Each worker's answer to its call (worker -> ref), by worker: a worker whose call fails
-        is lost, one that has not answered within `unit_timeout_s` is hung."""
+        is lost, one that has not answered within `timeout_s` (None: no limit) is hung."""
         refs = list(calls.values())
-        _, late = ray.wait(refs, num_returns=len(refs), timeout=self.unit_timeout_s) if refs else ([], [])
+        _, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
         answers = {}
         for worker, ref in calls.items():
             if ref in late:

@@ -210,5 +210,5 @@ def test_a_hung_worker_is_killed_after_the_unit_deadline_and_the_run_ends_bitwis
                 os.kill(victim.pid, signal.SIGKILL)
     assert f"gave no result in {HUNG_AFTER_S} s (engine.unit_timeout_s): killed" in stdout, stdout
     records = read_metrics(run_dir)
-    assert sum(r.get("workers_lost", 0) for r in records) >= 1 and records[-1]["workers"] == 2, records
+    assert sum(r.get("workers_lost", 0) for r in records) >= 1, records  # its replacement may join after the end
     assert_bitwise_equal(run_dir, references["es"])
