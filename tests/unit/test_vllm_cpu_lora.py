@@ -176,10 +176,11 @@ def test_adapters_from_memory_must_target_modules_the_model_takes():
         supported_lora_modules=["qkv_proj", "o_proj"],
     )
     manager = SimpleNamespace(_adapter_manager=adapters)
+    helper = SimpleNamespace(modules_to_save=None)
     good = {f"base_model.model.model.layers.0.self_attn.{m}.lora_A.weight": None for m in ("q_proj", "o_proj")}
-    _check_modules(manager, good, None, "ok#1")
+    _check_modules(manager, good, None, "ok#1", helper, None)
     bad = {**good, "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight": None}
     with pytest.raises(
         ValueError, match=r"adapter bad#2: expected target modules in .*got \['model.layers.0.mlp.down_proj'\]"
     ):
-        _check_modules(manager, bad, None, "bad#2")
+        _check_modules(manager, bad, None, "bad#2", helper, None)
