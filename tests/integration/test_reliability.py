@@ -134,7 +134,7 @@ def test_an_uncached_hub_model_offline_is_one_line_in_seconds(command, tmp_path)
     one_error_line(
         result, 2, 'model.path="Qwen/Qwen2.5-1.5B-Instruct": not in the Hugging Face cache', "HF_HUB_OFFLINE=1"
     )
-    assert seconds < 20, seconds  # about 3 s on an idle machine, mostly imports; the retries took 26 s and more
+    assert seconds < 20, seconds  # 7-9 s here beside a running suite, mostly imports; the retries took 26 s and more
 
 
 def test_vllm_not_installed_is_one_line_before_ray():
