@@ -20,7 +20,9 @@ from evora.plan.store import unfreeze
 from evora.plan.validate import validate
 from evora.tracking.run_dir import CONFIG_FILE
 
-RESUMABLE = ("generations", "eval_every", "hardware", "tracking")
+# Top-level groups, or single keys, that a resume may change: where a run's scratch lives
+# (a SLURM job's own folder) does not change what it computes.
+RESUMABLE = ("generations", "eval_every", "hardware", "tracking", "engine.adapter_dir")
 SKIPPED = ("resume", "hydra")
 
 
@@ -37,7 +39,7 @@ def overlay(
         top = key.split(".")[0].split("/")[0]
         if top in SKIPPED:
             continue
-        if allowed is not None and top not in allowed:
+        if allowed is not None and top not in allowed and key not in allowed:
             raise ConfigError(f"{key}: cannot change {purpose}; allowed: {', '.join(allowed)}")
         if override.is_sweep_override():
             raise ConfigError(f"malformed override '{text}': a sweep is not allowed here")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -29,8 +30,11 @@ RUN = ("hardware=multinode_cpu", "hardware.num_workers=1", "tracking.progress=fa
 
 
 def slurm_conf(folder: Path) -> str:
+    """Job ids start at random: folders named by another session's job ids (which a failed run
+    may have left on this machine) are not this session's."""
     host = socket.gethostname()
     return f"""ClusterName=evora-test
+FirstJobId={random.randrange(10**5, 10**7)}
 SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
@@ -143,6 +147,8 @@ def test_a_run_cancelled_mid_run_resumes_through_the_script_and_finishes_in_its_
     assert (only_run_dir(beside / "runs") / "eval" / "summary.json").is_file()
     assert not Path(f"/dev/shm/evora-job-{other_job}").exists() and not Path(f"/tmp/ray-evora-{other_job}").exists()
     wait_until(lambda: not job_listed(slurm, resumed_job), "the resumed job's end")
+    for gone in (job, resumed_job):  # the resumed run used its own job's scratch, not the first's
+        assert not Path(f"/dev/shm/evora-job-{gone}").exists() and not Path(f"/tmp/ray-evora-{gone}").exists()
     log = (tmp_path / "job.log").read_text()
     assert "evora: error" not in log, log[-4000:]
     assert "evora on SLURM job" in log and "Ray head" in log
