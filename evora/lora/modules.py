@@ -25,7 +25,12 @@ class ModelModules:
     not_adaptable: tuple[str, ...]  # 3-D parameters without a per-expert checkpoint form
     parameters: int  # every weight of the model
     experts: int  # experts per mixture layer (0: dense)
-    config: Any  # the transformers config
+    config: Any  # the transformers config; in the planning process only (see __getstate__)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Sent without the transformers config, which only planning reads: unpickling it would
+        import transformers (about 5 s) in a driver that needs nothing else from it."""
+        return {**self.__dict__, "config": None}
 
 
 @functools.lru_cache(maxsize=8)  # validation and `evora doctor` ask for the same model
