@@ -11,10 +11,25 @@ checkpoint conversion mapping (`mlp.experts.*.gate_proj.weight` + `...up_proj.we
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import pickle
 from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 from evora.lora.layout import CONV1D, EXPERT, Adaptable
+
+
+@dataclass(frozen=True)
+class ConfigFacts:
+    """What planning reads of the transformers config, as plain data: a plan, and the cache
+    below, are read without importing transformers."""
+
+    stored_dtype: str  # the dtype the checkpoint names (e.g. "bfloat16"; "float32" where it names none)
+    layers: int | None  # num_hidden_layers, the range of lora.layers (None: the config has none)
+    kv_values_per_token: int  # 2 x layers x KV heads x head dim of the text model: the KV cache's values per token
 
 
 @dataclass(frozen=True)
@@ -25,20 +40,28 @@ class ModelModules:
     not_adaptable: tuple[str, ...]  # 3-D parameters without a per-expert checkpoint form
     parameters: int  # every weight of the model
     experts: int  # experts per mixture layer (0: dense)
-    config: Any  # the transformers config; in the planning process only (see __getstate__)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Sent without the transformers config, which only planning reads: unpickling it would
-        import transformers (about 5 s) in a driver that needs nothing else from it."""
-        return {**self.__dict__, "config": None}
+    facts: ConfigFacts
 
 
 @functools.lru_cache(maxsize=8)  # validation and `evora doctor` ask for the same model
 def model_modules(model_path: str, *, revision: str | None = None, trust_remote_code: bool = False) -> ModelModules:
+    """A local folder's are cached on disk by its config.json (and the transformers version):
+    building the model on the meta device imports transformers, 5 s of every run's start."""
+    cache = None if trust_remote_code else _cache_file(model_path)
+    if cache is not None and cache.is_file():
+        try:
+            cached = pickle.loads(cache.read_bytes())
+            if isinstance(cached, ModelModules):
+                return cached
+        except Exception:  # a cache from another evora, or cut short: built again below
+            pass
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path, revision=revision, trust_remote_code=trust_remote_code)
-    return modules_of_config(config, trust_remote_code=trust_remote_code)
+    modules = modules_of_config(config, trust_remote_code=trust_remote_code)
+    if cache is not None:
+        _write_atomically(cache, pickle.dumps(modules))
+    return modules
 
 
 def modules_of_config(config: Any, *, trust_remote_code: bool = False) -> ModelModules:
@@ -50,7 +73,44 @@ def modules_of_config(config: Any, *, trust_remote_code: bool = False) -> ModelM
     adaptable, fused, experts = _walk(model, CheckpointNames(config.model_type))
     architecture = (getattr(config, "architectures", None) or [type(model).__name__])[0]
     parameters = sum(p.numel() for p in model.parameters())
-    return ModelModules(architecture, config.model_type, adaptable, tuple(fused), parameters, experts, config)
+    facts = config_facts(config)
+    return ModelModules(architecture, config.model_type, adaptable, tuple(fused), parameters, experts, facts)
+
+
+def config_facts(config: Any) -> ConfigFacts:
+    stored = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
+    text = config.get_text_config()  # the standard names resolve through each config's attribute_map (GPT-2's n_head)
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads  # absent: multi-head attention
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    layers = getattr(config, "num_hidden_layers", None)
+    return ConfigFacts(stored.removeprefix("torch."), layers, 2 * text.num_hidden_layers * kv_heads * head_dim)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evora" / "model_modules"
+
+
+def _cache_file(model_path: str) -> Path | None:
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return None  # a hub id: its config comes from the hub (or the hub's cache)
+    key = hashlib.sha256(config.read_bytes())
+    for source in (Path(__file__), Path(__file__).with_name("layout.py")):  # how modules are read and held
+        key.update(source.read_bytes())
+    key.update(version("transformers").encode())
+    return cache_root() / f"{key.hexdigest()[:32]}.pkl"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Best effort: a read-only home only costs the next run the time the cache would save."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        partial.write_bytes(data)
+        partial.replace(path)
+    except OSError:
+        pass
 
 
 def adaptable_modules(

@@ -11,9 +11,9 @@ settings (README, "Will it fit"; `evora doctor`). Pure arithmetic, no engine:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from evora.lora.layout import AdapterLayout
+from evora.lora.modules import ConfigFacts
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 2**30
@@ -32,25 +32,16 @@ class MemoryEstimate:
         return self.weights + self.lora_slots + self.kv_per_sequence
 
 
-def dtype_of(config: Any, dtype: str) -> str:
+def dtype_of(facts: ConfigFacts, dtype: str) -> str:
     if dtype != "auto":
         return dtype
-    stored = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
-    return stored.removeprefix("torch.") if stored.removeprefix("torch.") in DTYPE_BYTES else "float32"
-
-
-def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
-    text = config.get_text_config()  # the standard names resolve through each config's attribute_map (GPT-2's n_head)
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads  # absent: multi-head attention
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+    return facts.stored_dtype if facts.stored_dtype in DTYPE_BYTES else "float32"
 
 
 def estimate(
     *,
     parameters: int,
-    config: Any,
+    facts: ConfigFacts,
     layout: AdapterLayout,
     dtype: str,
     max_lora_rank: int,
@@ -60,8 +51,8 @@ def estimate(
     tensor_parallel_size: int = 1,
     master_bytes: int = 0,
 ) -> MemoryEstimate:
-    size = DTYPE_BYTES[dtype_of(config, dtype)]
-    per_token = kv_bytes_per_token(config, size) // tensor_parallel_size
+    size = DTYPE_BYTES[dtype_of(facts, dtype)]
+    per_token = facts.kv_values_per_token * size // tensor_parallel_size
     slot = sum(s.in_features + s.out_features for s in layout.modules) * max_lora_rank * size
     return MemoryEstimate(
         weights=parameters * size // tensor_parallel_size,

@@ -21,7 +21,7 @@ def plan_memory(run: RunConfig, modules: Any, layout: Any) -> Any:
     rank = strategy.perturbation_rank if strategy is not None else layout.rank
     return estimate(
         parameters=modules.parameters,
-        config=modules.config,
+        facts=modules.facts,
         layout=layout,
         dtype=run.model.dtype,
         max_lora_rank=vllm_lora_rank(rank),

@@ -152,7 +152,7 @@ def candidate_layout(run: RunConfig, layout: AdapterLayout) -> AdapterLayout:
 
 
 def check_layers(run: RunConfig, modules: ModelModules) -> None:
-    n_layers = getattr(modules.config, "num_hidden_layers", None)
+    n_layers = modules.facts.layers
     if run.lora.layers is None or n_layers is None:
         return
     for layer in run.lora.layers:
