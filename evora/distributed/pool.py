@@ -5,7 +5,8 @@ result: a unit is always the same candidates and prompts in one `generate` call,
 units have a fixed size (engine.max_loras), so 1 or N workers give the same numbers.
 A unit whose worker dies is run again on another worker, and the lost worker is replaced
 by a new actor (on whichever node has room) up to `hardware.worker_replacements` times,
-so a long run on preemptible nodes keeps its capacity.
+so a long run on preemptible nodes keeps its capacity. A worker killed for memory is not
+replaced (its replacement would die alike): the run stops in one line saying so.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostError, RayActorError
 
 from evora.config.schema import HardwareConfig
+from evora.distributed.memory_deaths import memory_killer
 from evora.distributed.placement import Placement, place_workers, worker_count
 from evora.distributed.worker import EngineWorker, SharedPayload
 from evora.distributed.worker_spec import WorkerSpec
 from evora.engines.environment import engine_environment
+from evora.errors import RunError
 
 # A lost node also loses the results it held in its object store: those units are rerun too.
 WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError, ObjectLostError)
@@ -158,9 +161,9 @@ class WorkerPool:
                 results[unit] = ray.get(done)
                 if worker in self.alive:  # not lost meanwhile through its other unit
                     slots.append(worker)
-            except WORKER_FAILURES:
+            except WORKER_FAILURES as error:
                 if worker in self.alive:  # its other unit in flight may have found it lost already
-                    self._lost(worker)
+                    self._lost(worker, error)
                 if attempt + 1 >= max_attempts:
                     raise
                 pending.append((unit, attempt + 1))
@@ -217,8 +220,8 @@ class WorkerPool:
                 continue
             try:
                 answers[worker] = ray.get(ref)
-            except WORKER_FAILURES:
-                self._lost(worker)
+            except WORKER_FAILURES as error:
+                self._lost(worker, error)
         return answers
 
     def _hung(self, worker: int) -> None:
@@ -227,9 +230,17 @@ class WorkerPool:
         ray.kill(self.actors[worker], no_restart=True)
         self._lost(worker, hung_s=self.unit_timeout_s)
 
-    def _lost(self, worker: int, **detail: Any) -> None:
-        """Drop a dead worker, and start a replacement with the same resources."""
+    def _lost(self, worker: int, error: BaseException | None = None, **detail: Any) -> None:
+        """Drop a dead worker, and start a replacement with the same resources; one killed for
+        memory (`error`: how its death showed) stops the run instead."""
         self.alive.discard(worker)
+        killer = memory_killer(error, self.infos[worker]) if error is not None else None
+        if killer is not None:
+            raise RunError(
+                f"engine worker {worker} was killed for memory ({killer}); a replacement would die alike: "
+                "give each worker less to hold (engine.max_num_seqs, engine.max_loras, hardware.kv_cache_gib "
+                "on CPUs) or more memory (fewer workers a node); `evora doctor` shows the estimate"
+            )
         self.events.append({"event": "worker-lost", "worker": worker, **detail})
         if self.replacements_left == 0:
             return
@@ -253,8 +264,8 @@ class WorkerPool:
             self.infos[index] = ray.get(ready)
             if up_to_date and self.on_join is not None:
                 self.on_join(self.actors[index])
-        except WORKER_FAILURES:
-            self._lost(index)
+        except WORKER_FAILURES as error:
+            self._lost(index, error)
             return []
         self.alive.add(index)
         self.events.append({"event": "worker-replaced", "worker": index, "node": self.infos[index]["node"]})

@@ -33,6 +33,7 @@ from evora.distributed.cells import (
     text_rows,
 )
 from evora.distributed.in_place import complete_in_place
+from evora.distributed.memory_deaths import oom_kills
 from evora.distributed.units import GroupSum, GroupTask
 from evora.distributed.worker_memory import MemoryGauge
 from evora.distributed.worker_spec import ADAPTER_DTYPES, WorkerSpec, load_tokenizer, resolve_task
@@ -149,6 +150,7 @@ class EngineWorker:
             "pid": os.getpid(),
             "node": context.get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "oom_kills": oom_kills(),  # the node's, at this worker's start (distributed/memory_deaths.py)
         }
 
     def prompt_ids(self, split: str, index: int) -> list[int]:

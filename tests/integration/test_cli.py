@@ -226,25 +226,6 @@ def test_countdown_task_with_per_layer_noise():
     assert 0.0 <= records[1]["reward_mean"] <= 1.1
 
 
-# --- memory ------------------------------------------------------------------------------
-
-
-def test_worker_memory_is_flat_over_20_generations():
-    run_dir, _ = cli_run(
-        "strategy.population=8",
-        "engine.max_loras=4",
-        "task.prompts_per_generation=16",
-        "task.eval_size=64",
-        "eval_every=0",
-        "generations=20",
-        "hardware.num_workers=2",
-    )
-    records = {r["generation"]: r for r in read_metrics(run_dir)}
-    at5, at20 = records[5]["worker_rss_mb"], records[20]["worker_rss_mb"]
-    for worker in at5:
-        assert abs(at20[worker] - at5[worker]) <= 0.05 * at5[worker], (worker, at5[worker], at20[worker])
-
-
 # --- W&B ---------------------------------------------------------------------------------
 
 
@@ -508,8 +489,21 @@ def test_runs_list_shows_real_runs_and_their_status(tmp_path):
 # --- the quickstart ----------------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("quickstart")
 def test_quickstart_improves_heldout_reward_over_the_base_model():
     run_dir, stdout = cli_run()  # the default config: what `make run` runs
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert summary["final"]["reward"] > summary["base"]["reward"] + 0.2, summary
     assert "held-out reward: base model" in stdout
+
+
+@pytest.mark.xdist_group("quickstart")
+def test_worker_memory_is_flat_over_the_quickstarts_generations():
+    """From generation 5 (the held-out evaluation and every LoRA slot used before) to 30: 25
+    generations of 32 candidates each loaded and unloaded, and held-out evaluations at 10, 20
+    and 30, leave each worker's memory within 5% (0.2% measured)."""
+    records = {r["generation"]: r for r in read_metrics(cli_run()[0])}
+    at5, at30 = records[5]["worker_rss_mb"], records[30]["worker_rss_mb"]
+    assert len(at5) == 2  # both workers
+    for worker in at5:
+        assert abs(at30[worker] - at5[worker]) <= 0.05 * at5[worker], (worker, at5[worker], at30[worker])

@@ -5,6 +5,7 @@ and no scratch folder behind, and resume to the uninterrupted result bit for bit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import re
@@ -271,3 +272,59 @@ def test_sigterm_stops_with_143_and_the_resume_line():
     assert "SIGTERM received" not in stderr and "Traceback" not in stderr, stderr[-3000:]
     assert re.search(rf"evora: interrupted after generation \d; resume: evora resume={re.escape(str(run_dir))}", stderr)
     assert_nothing_left(tree, run_dir)
+
+
+# --- a worker killed for memory ------------------------------------------------------------------
+
+MEMORY_CGROUPS = (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup"))  # cgroup v1's controller; v2
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_bytes: int):
+    """A memory cgroup of its own (v1 or v2, whichever this kernel mounts with its memory
+    controller); yields the file a process is moved in by."""
+    root = next((r for r in MEMORY_CGROUPS if (r / "memory.limit_in_bytes").exists()), None)
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    if root is None and v2.exists() and "memory" in v2.read_text().split():
+        root = Path("/sys/fs/cgroup")
+    assert root is not None and os.access(root, os.W_OK), "no writable memory cgroup here (run as root on Linux)"
+    group = root / f"evora-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        limit = group / ("memory.limit_in_bytes" if (group / "memory.limit_in_bytes").exists() else "memory.max")
+        limit.write_text(str(limit_bytes))
+        yield group / "cgroup.procs"
+    finally:
+        deadline = time.monotonic() + 60
+        while group.exists():  # removable once its process is gone
+            try:
+                group.rmdir()
+            except OSError:
+                assert time.monotonic() < deadline, f"{group} still holds a process"
+                time.sleep(0.5)
+
+
+def test_a_worker_killed_for_memory_stops_the_run_in_one_line_instead_of_being_replaced():
+    """The kernel's OOM killer, for real: once generation 1 is logged, the engine worker is moved
+    into a memory cgroup of 1 MiB, and its next allocation has it killed. A replacement would
+    die alike: the run stops (exit 1) in one line naming the killer, its checkpoint kept."""
+    out = fresh_out()
+    args = [*SMALL, "engine=hf", "hardware.num_workers=1", "generations=10", f"tracking.out_dir={out}"]
+    process = subprocess.Popen(
+        evora_cmd(*args, "tracking.progress=false"), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:  # until generation 1's line
+        line = process.stdout.readline()
+        assert line, process.stderr.read()[-3000:]
+        if re.match(r"gen\s+1/10", line):
+            break
+    [worker] = [p for p in process_tree(process.pid) if " ".join(p.cmdline()).startswith("ray::EngineWorker")]
+    with memory_cgroup(2**20) as procs:
+        procs.write_text(str(worker.pid))
+        stdout, stderr = process.communicate(timeout=300)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    one_error_line(result, 1, "engine worker 0 was killed for memory (the kernel's OOM killer)", "evora doctor")
+    run_dir = only_run_dir(out)
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+    assert not any(r.get("workers_replaced") for r in read_metrics(run_dir))
