@@ -24,9 +24,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+import tempfile
 from typing import Any, Mapping, Sequence, cast
 
 import torch
+from safetensors.torch import save_file
 
 from evora.engines import vllm_patches
 from evora.engines.base import AdapterRef, Completion, EngineSpec, Sampling, per_request
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 # On the tiny model k = 50 lowered the bias at ~1.7 nats/token only from 15% to 14%, and the
 # Python-side cost grows with k at every position of every sequence.
 KL_TOP_K = 20
+# Weights handed to tensor-parallel ranks go through a file here: tmpfs where the system has one.
+SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") else None
 # fp32 logprobs summed over ~k tokens carry ~1e-6 rounding: a leftover mass below this is noise.
 REST_FLOOR = 1e-6
 
@@ -273,7 +277,15 @@ class VLLMEngine:
         return ranks[0] if self.tensor_parallel_size == 1 else whole_matrices(ranks)
 
     def set_base_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        self.llm.collective_rpc("evora_set_base_weights", args=(dict(weights),))
+        if self.tensor_parallel_size == 1:  # in this process: `weights` pass by reference
+            self.llm.collective_rpc("evora_set_base_weights", args=(dict(weights),))
+            return
+        # Ranks are processes of their own: the matrices are written once, and each rank reads
+        # only its block of them (not every whole matrix pickled to every rank).
+        with tempfile.TemporaryDirectory(prefix="evora-weights-", dir=SCRATCH) as folder:
+            path = os.path.join(folder, "weights.safetensors")
+            save_file({name: value.contiguous() for name, value in weights.items()}, path)
+            self.llm.collective_rpc("evora_set_base_weights_from", args=(path,))
 
     def perturb_base(self, master: Mapping[str, torch.Tensor], noise: Sequence[DenseNoise]) -> None:
         if self.tensor_parallel_size == 1:  # in this process: `master` passes by reference

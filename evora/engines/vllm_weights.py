@@ -8,9 +8,10 @@ tensor-parallel ranks, and on CPU packs each linear layer's weight for oneDNN an
 dense tensor. This extension maps a checkpoint name to (layer, shard) and:
 
 - GPU, tensor-parallel size 1: writes the shard's rows of the dense weight in place;
-- GPU, tensor-parallel size > 1: hands the whole matrix to the layer's own `weight_loader`,
-  which keeps this rank's part (as loading a checkpoint does); read back, each rank gives its
-  part (`RankPart`, where vLLM's loaders put it) and the engine puts them together;
+- GPU, tensor-parallel size > 1: the engine writes the matrices once to a safetensors file
+  on tmpfs, and each rank reads only its block of each (`RankSlot`: where vLLM's weight
+  loaders put it) and writes it in place; read back, each rank gives its part (`RankPart`)
+  and the engine puts them together;
 - CPU: keeps a dense copy of each touched layer (from the checkpoint, then as set), writes
   the rows, and re-packs the layer with vLLM's own `dispatch_cpu_unquantized_gemm`.
 
@@ -56,20 +57,35 @@ class BaseWeightsExtension:
     _evora_dense_copies: dict[str, torch.Tensor]
 
     def evora_set_base_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Tensor-parallel size 1 (the engine's process: `weights` pass by reference)."""
         touched: dict[str, Any] = {}
         for name, value in weights.items():
-            layer, fused, offset, size, shard_id = self._evora_locate(name)
+            layer, fused, offset, size, _ = self._evora_locate(name)
             if tuple(value.shape) != (size, layer.input_size):
                 raise ValueError(f"{name}: shape {tuple(value.shape)}, the model has {(size, layer.input_size)}")
-            if self._evora_tp() > 1:
-                self._evora_load_shard(layer, value, shard_id)
-                continue
             dense = self._evora_dense(layer, fused)
             dense[offset : offset + size].copy_(value)  # cast (and moved) as it is written
             touched[fused] = layer
         if _on_cpu():
             for fused, layer in touched.items():
                 _repack(layer, self._evora_dense_copies[fused])
+
+    def evora_set_base_weights_from(self, path: str) -> None:
+        """Tensor-parallel size > 1: each matrix of the safetensors file at `path` (whole, by
+        checkpoint name), of which this rank reads only its own block, in place."""
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as matrices:
+            for name in matrices.keys():
+                layer, _, _, size, shard_id = self._evora_locate(name)
+                matrix = matrices.get_slice(name)
+                if tuple(matrix.get_shape()) != (size, layer.input_size):
+                    raise ValueError(
+                        f"{name}: shape {tuple(matrix.get_shape())}, the model has {(size, layer.input_size)}"
+                    )
+                slot = rank_slot(layer, shard_id)
+                block = slot.block_of(matrix, size, layer.input_size)
+                slot.rows_in(layer.weight.data).copy_(block)  # cast (and moved) as it is written
 
     def evora_perturb_base(self, master: Mapping[str, torch.Tensor], noise: Sequence[DenseNoise]) -> None:
         """Each term's rows <- master + scale * eps (`Engine.perturb_base`), drawn and written
@@ -153,14 +169,6 @@ class BaseWeightsExtension:
         tensors = read_weights(config.model, names, config.revision)
         return torch.cat([tensors[n] for n in names]).to(config.dtype)
 
-    def _evora_load_shard(self, layer: Any, value: torch.Tensor, shard_id: Any) -> None:
-        parameter = layer.weight
-        loaded = value.to(dtype=parameter.dtype)
-        if shard_id is None:
-            parameter.weight_loader(parameter, loaded)
-        else:
-            parameter.weight_loader(parameter, loaded, shard_id)
-
 
 def checkpoint_rows(layer: Any) -> list[int]:
     """Rows of each checkpoint matrix a fused layer holds (at tensor-parallel size 1, also where
@@ -185,27 +193,56 @@ class RankPart:
     dim: int
 
 
-def rank_part(layer: Any, shard_id: Any) -> RankPart:
-    """This rank's part of the checkpoint matrix `shard_id` names in `layer` (None: the layer's
-    own matrix), read where vLLM's weight loaders put it."""
+@dataclass(frozen=True)
+class RankSlot:
+    """Where a rank keeps its part of a checkpoint matrix: rows `start` to `start + rows` of its
+    weight hold block `index` of the matrix's `blocks` equal blocks along `dim` (1: a
+    row-parallel layer's columns, the whole weight)."""
+
+    start: int
+    rows: int
+    index: int
+    blocks: int
+    dim: int
+
+    def rows_in(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight[self.start : self.start + self.rows]
+
+    def block_of(self, matrix: Any, rows: int, columns: int) -> torch.Tensor:
+        """This rank's block of `matrix` ([rows, columns]; a tensor, or a safetensors slice,
+        of which only the block is read)."""
+        if self.dim == 0:
+            step = rows // self.blocks
+            return matrix[self.index * step : (self.index + 1) * step, :]
+        step = columns // self.blocks
+        return matrix[:, self.index * step : (self.index + 1) * step]
+
+
+def rank_slot(layer: Any, shard_id: Any) -> RankSlot:
+    """Where this rank keeps the checkpoint matrix `shard_id` names in `layer` (None: the
+    layer's own matrix), as vLLM's weight loaders put it."""
     from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 
-    weight, rank, ranks = layer.weight.data, layer.tp_rank, layer.tp_size
+    rank, ranks, local_rows = layer.tp_rank, layer.tp_size, layer.weight.shape[0]
     if isinstance(layer, RowParallelLinear):
-        return RankPart(weight.detach().cpu().clone(), rank, ranks, 1)
+        return RankSlot(0, local_rows, rank, ranks, 1)
     if shard_id is None:
-        return RankPart(weight.detach().cpu().clone(), rank, ranks, 0)
+        return RankSlot(0, local_rows, rank, ranks, 0)
     if isinstance(layer, QKVParallelLinear):
         q, kv = layer.num_heads * layer.head_size, layer.num_kv_heads * layer.head_size
         start, rows = {"q": (0, q), "k": (q, kv), "v": (q + kv, layer.num_kv_heads * layer.v_head_size)}[shard_id]
         if shard_id == "q":
-            index, blocks = rank, ranks
-        else:
-            index, blocks = rank // layer.num_kv_head_replicas, layer.total_num_kv_heads // layer.num_kv_heads
-    else:  # gate/up and the like: each part split evenly over the ranks
-        local = [size // ranks for size in layer.output_sizes]
-        start, rows, index, blocks = sum(local[:shard_id]), local[shard_id], rank, ranks
-    return RankPart(weight[start : start + rows].detach().cpu().clone(), index, blocks, 0)
+            return RankSlot(start, rows, rank, ranks, 0)
+        replicas = layer.num_kv_head_replicas
+        return RankSlot(start, rows, rank // replicas, layer.total_num_kv_heads // layer.num_kv_heads, 0)
+    local = [size // ranks for size in layer.output_sizes]  # gate/up and the like: each split evenly
+    return RankSlot(sum(local[:shard_id]), local[shard_id], rank, ranks, 0)
+
+
+def rank_part(layer: Any, shard_id: Any) -> RankPart:
+    """This rank's part of the checkpoint matrix `shard_id` names in `layer`, read back."""
+    slot = rank_slot(layer, shard_id)
+    return RankPart(slot.rows_in(layer.weight.data).detach().cpu().clone(), slot.index, slot.blocks, slot.dim)
 
 
 def whole_matrices(ranks: Sequence[Mapping[str, RankPart]]) -> dict[str, torch.Tensor]:
