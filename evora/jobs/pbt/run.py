@@ -13,6 +13,7 @@ import ray
 
 from evora.config.schema import RunConfig
 from evora.distributed.evaluate import EvaluationService
+from evora.distributed.placement import engine_gpus
 from evora.distributed.ray_session import init_ray
 from evora.distributed.recorder import start_event
 from evora.distributed.worker_spec import worker_spec
@@ -48,14 +49,19 @@ def evaluation_service(plan: RunPlan, name: str) -> Any:
     return ray.remote(EvaluationService).options(name=name, num_cpus=0).remote(spec, hardware, sizes)
 
 
-def check_trial_resources(run: RunConfig) -> None:
-    """Fail now, not hang in Tune's queue, when no member fits beside the engine workers."""
+def check_trial_resources(run: RunConfig, engines_to_start: bool = False) -> None:
+    """Fail now, not hang in Tune's queue, when no member fits beside the engine workers
+    (`engines_to_start`: before they start, counting what they will reserve)."""
     free = ray.available_resources()
-    for key, resource in (("trial_cpus", "CPU"), ("trial_gpus", "GPU")):
-        wanted = getattr(run.hardware, key)
-        if wanted > free.get(resource, 0.0) + 1e-9:
+    workers = (run.hardware.num_workers or 1) if engines_to_start else 0
+    for key, resource, per_worker in (
+        ("trial_cpus", "CPU", run.hardware.cpus_per_worker),
+        ("trial_gpus", "GPU", engine_gpus(run.hardware)),
+    ):
+        wanted, left = getattr(run.hardware, key), free.get(resource, 0.0) - workers * per_worker
+        if wanted > left + 1e-9:
             raise ConfigError(
-                f"hardware.{key}={wanted}: only {free.get(resource, 0.0):g} {resource} left beside "
+                f"hardware.{key}={wanted}: only {max(left, 0.0):g} {resource} left beside "
                 f"the engine workers; lower hardware.{key} or hardware.num_workers"
             )
 
@@ -69,6 +75,7 @@ def run_pbt(plan: RunPlan, run_dir: str, on_event: OnEvent) -> Event:
     if not restore:
         write_config(folder, run)
     init_ray(run)
+    check_trial_resources(run, engines_to_start=True)  # before minutes of engine start-up
     name = f"evora-eval-{run_tag(run_dir)}"
     service = evaluation_service(plan, name)
     # Engines first: trials started earlier could take the CPUs/GPUs the engine workers need.
