@@ -272,11 +272,9 @@ class WorkerPool:
         return [index]
 
     def shutdown(self) -> None:
-        for i in sorted(self.alive):
-            try:
-                ray.get(self.actors[i].shutdown.remote(), timeout=60)
-            except Exception:  # a worker that cannot shut down cleanly is killed below anyway
-                pass
+        closing = [self.actors[i].shutdown.remote() for i in sorted(self.alive)]  # all at once
+        if closing:  # one that cannot shut down cleanly is killed below anyway
+            ray.wait(closing, num_returns=len(closing), timeout=60)
         for actor in self.actors:
             ray.kill(actor)
         if self.placement is not None:
