@@ -1,9 +1,10 @@
-"""launch/slurm.sbatch on a real single-node SLURM (Debian's slurm-wlm with munge, which `make
-test` installs where apt-get runs as root): munged, slurmctld and slurmd started for the module
-from a slurm.conf of their own, on free ports. The batch script starts a Ray head as a job step,
-runs evora on it and ends; a job cancelled with scancel mid-run leaves a run that
-`resume=<run>` through the same script finishes, every generation logged once. One test: the
-resumed job is also the one that checks a run through the script ends in its run folder."""
+"""launch/slurm.sbatch on a real SLURM (Debian's slurm-wlm with munge, which `make test`
+installs where apt-get runs as root): munged, slurmctld and slurmd started for the module from a
+slurm.conf of their own, on free ports; one node, and two nodes, each a slurmd in a network
+namespace of its own. The batch script starts a Ray head as a job step (and a Ray worker on each
+other node), runs evora on it and ends; a job cancelled with scancel mid-run leaves a run that
+`resume=<run>` through the same script finishes, every generation logged once, beside a second
+job on the same node; a run on two nodes has an engine worker on each."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import ENGINE_ENVIRONMENT, SMALL, free_port, only_run_dir
@@ -29,13 +31,16 @@ BIN = Path(sys.executable).parent  # evora and ray beside this Python
 RUN = ("hardware=multinode_cpu", "hardware.num_workers=1", "tracking.progress=false", *SMALL)
 
 
-def slurm_conf(folder: Path) -> str:
+def slurm_conf(folder: Path, controller: str, nodes: list[tuple[str, str | None]]) -> str:
     """Job ids start at random: folders named by another session's job ids (which a failed run
-    may have left on this machine) are not this session's."""
-    host = socket.gethostname()
+    may have left on this machine) are not this session's. `nodes`: (name, address or None)."""
+    node_lines = "\n".join(
+        f"NodeName={name}" + (f" NodeAddr={address}" if address else "") + f" CPUs={os.cpu_count()} RealMemory=1000"
+        for name, address in nodes
+    )
     return f"""ClusterName=evora-test
 FirstJobId={random.randrange(10**5, 10**7)}
-SlurmctldHost={host}
+SlurmctldHost={controller}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -44,11 +49,11 @@ CredType=cred/munge
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool
+SlurmdSpoolDir={folder}/spool-%n
 SlurmctldPidFile={folder}/slurmctld.pid
-SlurmdPidFile={folder}/slurmd.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldLogFile={folder}/slurmctld.log
-SlurmdLogFile={folder}/slurmd.log
+SlurmdLogFile={folder}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -59,46 +64,105 @@ SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 KillWait=10
-NodeName={host} CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN
+{node_lines} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """The environment a SLURM client needs to reach this module's cluster."""
+def require_slurm() -> None:
     if shutil.which("sbatch") is None:
         if os.geteuid() == 0 and shutil.which("apt-get"):
             pytest.fail("SLURM is not installed: `make slurm` (part of `make test`) installs slurm-wlm and munge")
         pytest.skip("SLURM is not installed, and this machine has no apt-get as root to install it")
-    folder = tmp_path_factory.mktemp("slurm")
-    for sub in ("state", "spool"):
-        (folder / sub).mkdir()
+
+
+def start_cluster(folder: Path, controller: str, nodes: list[tuple[str, str | None]], slurmd: list[list[str]]) -> dict:
+    """munged, slurmctld and a slurmd per node (`slurmd`: each one's command, before its
+    options) for a cluster of its own in `folder`; the environment a SLURM client needs."""
+    (folder / "state").mkdir()
+    for name, _ in nodes:
+        (folder / f"spool-{name}").mkdir()
     key = folder / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o600)
     munge = ["--force", f"--key-file={key}", f"--socket={folder}/munge.socket", f"--pid-file={folder}/munged.pid"]
     subprocess.run(["munged", *munge, f"--log-file={folder}/munged.log", f"--seed-file={folder}/seed"], check=True)
-    (folder / "slurm.conf").write_text(slurm_conf(folder))
+    conf = folder / "slurm.conf"
+    conf.write_text(slurm_conf(folder, controller, nodes))
     # What a user's shell has: not the engine environment this test process set for its own engines.
     env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}
-    env["SLURM_CONF"] = str(folder / "slurm.conf")
-    subprocess.run(["slurmctld", "-f", str(folder / "slurm.conf")], check=True, env=env)
-    subprocess.run(["slurmd", "-f", str(folder / "slurm.conf")], check=True, env=env)
-    yield env
+    env["SLURM_CONF"] = str(conf)
+    subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=env)
+    for command, (name, _) in zip(slurmd, nodes):
+        subprocess.run([*command, "-f", str(conf), "-N", name], check=True, env=env)
+    return env
+
+
+def stop_cluster(folder: Path, env: dict) -> None:
     subprocess.run(["scancel", "--user=root"], env=env)
-    for daemon in ("slurmd", "slurmctld", "munged"):
-        pid = folder / f"{daemon}.pid"
+    for pid in [*folder.glob("slurmd-*.pid"), folder / "slurmctld.pid", folder / "munged.pid"]:
         if pid.exists():
             subprocess.run(["kill", pid.read_text().strip()])
 
 
-def sbatch(env: dict, out: Path, *overrides: str, wait: bool) -> subprocess.CompletedProcess:
-    """The batch script on one node, its output in out/job.log; with `wait`, until the job ends.
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """The environment a SLURM client needs to reach this module's one-node cluster."""
+    require_slurm()
+    folder, host = tmp_path_factory.mktemp("slurm"), socket.gethostname()
+    env = start_cluster(folder, host, [(host, None)], [["slurmd"]])
+    yield env
+    stop_cluster(folder, env)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """A two-node cluster on this machine: each slurmd in a network namespace of its own (its
+    own address, on a bridge to the controller's), so each node's Ray binds and reaches the
+    other's as on two hosts. Yields (the client's environment, each node's namespace inode)."""
+    require_slurm()
+    assert os.geteuid() == 0, "network namespaces need root"
+    folder, tag = tmp_path_factory.mktemp("slurm2"), os.getpid() % 100000
+    subnet, bridge = f"10.{tag % 200 + 20}.{tag // 200 % 250}", f"evbr{tag}"
+    names = [f"evn{tag}a", f"evn{tag}b"]
+
+    def ip(*args: str, namespace: str | None = None) -> None:
+        subprocess.run([*(["ip", "netns", "exec", namespace] if namespace else []), "ip", *args], check=True)
+
+    ip("link", "add", bridge, "type", "bridge")
+    ip("addr", "add", f"{subnet}.1/24", "dev", bridge)
+    ip("link", "set", bridge, "up")
+    nodes = []
+    for index, name in enumerate(names):
+        outside, inside = f"{name}o", f"{name}i"
+        ip("netns", "add", name)
+        ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+        ip("link", "set", inside, "netns", name)
+        ip("link", "set", outside, "master", bridge)
+        ip("link", "set", outside, "up")
+        address = f"{subnet}.{11 + index}"
+        ip("addr", "add", f"{address}/24", "dev", inside, namespace=name)
+        ip("link", "set", inside, "up", namespace=name)
+        ip("link", "set", "lo", "up", namespace=name)
+        nodes.append((name, address))
+    # nsenter, not `ip netns exec`: that remounts /sys, where slurmd looks for its cgroups.
+    slurmd = [["nsenter", f"--net=/var/run/netns/{name}", "slurmd"] for name in names]
+    try:
+        env = start_cluster(folder, f"{socket.gethostname()}({subnet}.1)", nodes, slurmd)
+        yield env, {name: os.stat(f"/var/run/netns/{name}").st_ino for name in names}
+        stop_cluster(folder, env)
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "delete", name])
+        subprocess.run(["ip", "link", "delete", bridge])
+
+
+def sbatch(env: dict, out: Path, *overrides: str, wait: bool, nodes: int = 1) -> subprocess.CompletedProcess:
+    """The batch script on `nodes` nodes, its output in out/job.log; with `wait`, until the job ends.
     Ports, Ray's temp folder and the scratch folder are the script's own choice per job (its
     temp folder also keeps a plain ray.init() of another test from joining the job's cluster)."""
     job_env = {**env, "EVORA": str(BIN / "evora")}
-    command = ["sbatch", "--parsable", "--nodes=1", f"--output={out}/job.log", f"--chdir={out}"]
+    command = ["sbatch", "--parsable", f"--nodes={nodes}", f"--output={out}/job.log", f"--chdir={out}"]
     command += ["--wait"] * wait + [str(SCRIPT), *overrides]
     return subprocess.run(command, env=job_env, capture_output=True, text=True, timeout=900)
 
@@ -155,3 +219,44 @@ def test_a_run_cancelled_mid_run_resumes_through_the_script_and_finishes_in_its_
     assert [r["generation"] for r in read_metrics(run_dir)] == list(range(7))
     assert json.loads((run_dir / "eval" / "summary.json").read_text())["generations"] == 6
     assert (run_dir / "adapters" / "best" / "README.md").is_file()
+
+
+def engine_workers_by_namespace(namespaces: dict[str, int]) -> set[str]:
+    """The namespaces (of `namespaces`) in which an engine worker runs now."""
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if " ".join(process.info["cmdline"] or []).startswith("ray::EngineWorker"):
+                inode = os.stat(f"/proc/{process.pid}/ns/net").st_ino
+                found |= {name for name, node in namespaces.items() if node == inode}
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+def test_a_run_spans_two_nodes_with_a_worker_on_each(two_nodes, tmp_path):
+    """Two SLURM nodes, each its own network: the script starts the Ray head on the first at the
+    address SLURM has for it, a Ray worker on the second, and the run's two engine workers are
+    spread one to a node (seen in their processes' network namespaces); it ends in its folder,
+    and no scratch or Ray folder of the job is left."""
+    env, namespaces = two_nodes
+    runs = tmp_path / "runs"
+    args = ("hardware=multinode_cpu", "hardware.num_workers=2", *RUN[2:], "engine=hf", "generations=3")
+    args += (f"tracking.out_dir={runs}",)
+    submitted = sbatch(env, tmp_path, *args, wait=False, nodes=2)
+    job = submitted.stdout.strip().split(";")[0]
+    assert submitted.returncode == 0 and job, submitted.stderr
+    seen: set[str] = set()
+
+    def ended() -> bool:
+        seen.update(engine_workers_by_namespace(namespaces))
+        return not job_listed(env, job)
+
+    wait_until(ended, "the two-node job's end")
+    log = (tmp_path / "job.log").read_text()
+    assert "evora: error" not in log, log[-4000:]
+    assert seen == set(namespaces), (seen, log[-3000:])
+    run_dir = only_run_dir(runs)
+    assert [r["generation"] for r in read_metrics(run_dir)] == list(range(4))
+    assert (run_dir / "eval" / "summary.json").is_file()
+    assert not Path(f"/dev/shm/evora-job-{job}").exists() and not Path(f"/tmp/ray-evora-{job}").exists()
