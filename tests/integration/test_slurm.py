@@ -36,6 +36,7 @@ def slurm_conf(folder: Path, controller: str, nodes: list[tuple[str, str | None]
     may have left on this machine) are not this session's. `nodes`: (name, address or None)."""
     node_lines = "\n".join(
         f"NodeName={name}" + (f" NodeAddr={address}" if address else "") + f" CPUs={os.cpu_count()} RealMemory=1000"
+        " State=UNKNOWN"
         for name, address in nodes
     )
     return f"""ClusterName=evora-test
@@ -64,7 +65,7 @@ SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 KillWait=10
-{node_lines} State=UNKNOWN
+{node_lines}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
 
