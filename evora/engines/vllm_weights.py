@@ -183,17 +183,6 @@ def checkpoint_rows(layer: Any) -> list[int]:
 
 
 @dataclass(frozen=True)
-class RankPart:
-    """A tensor-parallel rank's part of a checkpoint matrix: block `index` of `blocks` equal
-    blocks along `dim` (ranks that replicate a KV head hold the same block)."""
-
-    tensor: torch.Tensor
-    index: int
-    blocks: int
-    dim: int
-
-
-@dataclass(frozen=True)
 class RankSlot:
     """Where a rank keeps its part of a checkpoint matrix: rows `start` to `start + rows` of its
     weight hold block `index` of the matrix's `blocks` equal blocks along `dim` (1: a
@@ -239,18 +228,27 @@ def rank_slot(layer: Any, shard_id: Any) -> RankSlot:
     return RankSlot(sum(local[:shard_id]), local[shard_id], rank, ranks, 0)
 
 
+@dataclass(frozen=True)
+class RankPart:
+    """A tensor-parallel rank's part of a checkpoint matrix, and where it sits in the matrix
+    (`slot`: block `index` of `blocks` along `dim`; ranks that replicate a KV head hold the same block)."""
+
+    tensor: torch.Tensor
+    slot: RankSlot
+
+
 def rank_part(layer: Any, shard_id: Any) -> RankPart:
     """This rank's part of the checkpoint matrix `shard_id` names in `layer`, read back."""
     slot = rank_slot(layer, shard_id)
-    return RankPart(slot.rows_in(layer.weight.data).detach().cpu().clone(), slot.index, slot.blocks, slot.dim)
+    return RankPart(slot.rows_in(layer.weight.data).detach().cpu().clone(), slot)
 
 
 def whole_matrices(ranks: Sequence[Mapping[str, RankPart]]) -> dict[str, torch.Tensor]:
     """Every rank's parts of each matrix, put together."""
     out = {}
     for name in ranks[0]:
-        blocks = {part.index: part for part in (parts[name] for parts in ranks)}
-        first = blocks[0]
+        blocks = {part.slot.index: part for part in (parts[name] for parts in ranks)}
+        first = blocks[0].slot
         out[name] = torch.cat([blocks[i].tensor for i in range(first.blocks)], dim=first.dim)
     return out
 

@@ -276,23 +276,24 @@ def test_sigterm_stops_with_143_and_the_resume_line():
 
 # --- a worker killed for memory ------------------------------------------------------------------
 
-MEMORY_CGROUPS = (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup"))  # cgroup v1's controller; v2
+CGROUP_V1, CGROUP_V2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
 
 
 @contextlib.contextmanager
 def memory_cgroup(limit_bytes: int):
-    """A memory cgroup of its own (v1 or v2, whichever this kernel mounts with its memory
-    controller); yields the file a process is moved in by."""
-    root = next((r for r in MEMORY_CGROUPS if (r / "memory.limit_in_bytes").exists()), None)
-    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
-    if root is None and v2.exists() and "memory" in v2.read_text().split():
-        root = Path("/sys/fs/cgroup")
-    assert root is not None and os.access(root, os.W_OK), "no writable memory cgroup here (run as root on Linux)"
+    """A memory cgroup of its own (v1's memory controller, else v2's where it has one); yields
+    the file a process is moved in by."""
+    if (CGROUP_V1 / "memory.limit_in_bytes").exists():
+        root, limit_file = CGROUP_V1, "memory.limit_in_bytes"
+    else:
+        controllers = CGROUP_V2 / "cgroup.controllers"
+        assert controllers.exists() and "memory" in controllers.read_text().split(), "no memory cgroup here"
+        root, limit_file = CGROUP_V2, "memory.max"
+    assert os.access(root, os.W_OK), f"{root} is not writable (run as root)"
     group = root / f"evora-test-{os.getpid()}"
     group.mkdir()
     try:
-        limit = group / ("memory.limit_in_bytes" if (group / "memory.limit_in_bytes").exists() else "memory.max")
-        limit.write_text(str(limit_bytes))
+        (group / limit_file).write_text(str(limit_bytes))
         yield group / "cgroup.procs"
     finally:
         deadline = time.monotonic() + 60
