@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from shared_ray import SharedHead
 
 from evora.engines.base import EngineSpec
 from evora.engines.environment import vllm_environment
@@ -90,13 +91,26 @@ def evora_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "evora", *args]
 
 
+@functools.lru_cache(maxsize=1)
+def shared_head() -> SharedHead:
+    """This test process's Ray head, started at its first run (shared_ray.py)."""
+    return SharedHead(cli_environment(), free_port())
+
+
+def cli_environment(env: dict | None = None) -> dict[str, str]:
+    """A CLI's environment as from a user's shell: none of what the tests' own engines need."""
+    return {**{k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}, **(env or {})}
+
+
 def run_evora(args: list[str], cwd: Path, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The real CLI in a subprocess (its own local Ray)."""
-    full_env = {**{k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}, **(env or {})}
-    if args[:1] in (["analyze"], ["runs"], ["compare"], ["doctor"]):  # not a run: no config overrides
-        return subprocess.run(evora_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
-    command = args[:1] if args[:1] in (["eval"], ["-m"]) else []  # a subcommand or -m comes first
-    args = [*command, "tracking.progress=false", *args[len(command) :]]
+    """The real CLI in a subprocess. A run joins this process's shared Ray head; one given an
+    environment of its own (a test about Ray's own start, folders or environment) starts its own
+    local Ray, as a plain `evora` does."""
+    if args[:1] not in (["analyze"], ["runs"], ["compare"], ["doctor"]):  # a run: Ray, config overrides
+        command = args[:1] if args[:1] in (["eval"], ["-m"]) else []  # a subcommand or -m comes first
+        args = [*command, "tracking.progress=false", *args[len(command) :]]
+        env = env if env is not None else shared_head().environ
+    full_env = cli_environment(env)
     return subprocess.run(evora_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 

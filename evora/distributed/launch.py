@@ -71,8 +71,12 @@ def launch(plan: RunPlan, run_dir: str, on_event: OnEvent) -> Event:
             ray.shutdown()  # our own Ray: its processes go now, so none writes scratch after the sweep below
         raise
     finally:
-        if ray.is_initialized():
-            ray.kill(driver, no_restart=True)
+        if ray.is_initialized() and started_here(run):
+            ray.kill(driver, no_restart=True)  # the rest goes with our own Ray
+        elif ray.is_initialized():
+            # A cluster this job joined: its actors are gone before it returns, so the sweep's next
+            # job (or another user's) finds their CPUs and GPUs free, not still being released.
+            _stop_now(driver, run_tag(run_dir))
         sweep_run_scratch(run.engine.adapter_dir, run_tag(run_dir))
 
 
