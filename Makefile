@@ -1,6 +1,7 @@
 # make run   the quickstart: evolve a LoRA for the bundled tiny model (CPU, offline, minutes)
 # make test  lint (ruff), type-check (mypy) and the whole test suite (unit, integration, end-to-end runs through the CLI)
 # make bench population-evaluation throughput table (bench/throughput.py)
+# make release-check  build the sdist and the wheel into dist/ and check what they carry (tools/release_check.py)
 #
 # Both create .venv on first use and reuse it afterwards; set-up re-runs only when
 # pyproject.toml changes. GPU machines: make run EXTRAS=gpu,dev ARGS="hardware=gpu model=qwen2_5_0_5b"
@@ -17,7 +18,7 @@ PYTEST_XDIST ?= -n 3 --dist loadgroup
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.evora-installed
 
-.PHONY: setup slurm run test bench clean
+.PHONY: setup slurm run test bench release-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,5 +55,11 @@ test: setup slurm
 bench: setup
 	$(BIN)/python bench/throughput.py $(ARGS)
 
+# --no-isolation: the venv's setuptools builds, nothing is fetched.
+release-check: setup
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+	$(BIN)/python tools/release_check.py dist
+
 clean:
-	rm -rf $(VENV) runs outputs .pytest_cache .mypy_cache
+	rm -rf $(VENV) runs outputs dist .pytest_cache .mypy_cache
