@@ -1,3 +1,18 @@
-"""evora: evolve LoRA adapters of large language models on Ray and vLLM."""
+"""evora: evolve LoRA adapters of large language models on Ray and vLLM.
 
-__version__ = "0.1.0"
+From Python: `evora.compose(*overrides)`, `evora.run(*overrides)` and `evora.load_run(path)`
+(evora/api.py), imported on first use so that `import evora` stays light."""
+
+from typing import Any
+
+from evora.version import __version__
+
+__all__ = ["Run", "__version__", "compose", "load_run", "run"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Run", "compose", "load_run", "run"):
+        from evora import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'evora' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """What `make release-check` asks of a built sdist and wheel: one of each, of the version in
-evora/__init__.py, which CHANGELOG.md's first released entry names, each carrying the licence,
+evora/version.py, which CHANGELOG.md's first released entry names, each carrying the licence,
 and the wheel everything a run needs beside the code (configs, the bundled models, the schema,
 task data). Prints one line per problem and exits 1, or one line and 0.
 
@@ -32,10 +32,10 @@ SDIST_CARRIES = ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml")
 
 
 def source_version(root: Path = ROOT) -> str:
-    text = (root / "evora" / "__init__.py").read_text()
+    text = (root / "evora" / "version.py").read_text()
     found = re.search(r'^__version__ = "([^"]+)"$', text, re.MULTILINE)
     if found is None:
-        raise SystemExit("evora/__init__.py: no __version__ = \"...\" line")
+        raise SystemExit('evora/version.py: no __version__ = "..." line')
     return found.group(1)
 
 
@@ -51,11 +51,11 @@ def problems(dist: Path, version: str, released: str | None) -> list[str]:
         return [f"{dist}: expected one evora wheel and one sdist, found {len(wheels)} and {len(sdists)}"]
     found = []
     if released != version:
-        found.append(f"CHANGELOG.md: its first released entry is {released}, evora/__init__.py says {version}")
+        found.append(f"CHANGELOG.md: its first released entry is {released}, evora/version.py says {version}")
     wheel, sdist = wheels[0], sdists[0]
     for built, name in ((wheel, f"evora-{version}-"), (sdist, f"evora-{version}.tar.gz")):
         if not built.name.startswith(name):
-            found.append(f"{built.name}: not version {version} (evora/__init__.py)")
+            found.append(f"{built.name}: not version {version} (evora/version.py)")
     names = zipfile.ZipFile(wheel).namelist()
     for what, pattern in WHEEL_CARRIES:
         if not any(re.fullmatch(pattern, n) for n in names):

@@ -18,13 +18,13 @@ from typing import Any, Iterator
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from evora import __version__
 from evora.config.schema import RunConfig
 from evora.lora.peft_io import CONFIG_FILE as ADAPTER_CONFIG
 from evora.models import locate_model
 from evora.plan.compose import compose_run, group_options
 from evora.strategies.registry import get_strategy
 from evora.tracking.run_dir import REDACTED, config_dict
+from evora.version import __version__
 
 CARD_FILE = "README.md"
 GROUPS = ("model", "task", "strategy", "engine", "hardware", "tracking")

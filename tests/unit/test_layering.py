@@ -17,7 +17,7 @@ import evora
 # Top to bottom: a module may import its own layer and the layers below it, never above.
 # First matching prefix wins; a strategy's job runner sits above the runtime it drives.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("entry points", ("evora.cli", "evora.__main__", "evora.help", "evora.doctor", "evora.serve")),
+    ("entry points", ("evora.cli", "evora.__main__", "evora.help", "evora.doctor", "evora.serve", "evora.api")),
     ("run management and job runners", ("evora.runs", "evora.jobs")),
     ("distributed runtime", ("evora.distributed",)),
     ("analysis", ("evora.analysis",)),
@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tracking and engines", ("evora.tracking", "evora.engines")),
     ("strategies, tasks, training, models", ("evora.strategies", "evora.tasks", "evora.training", "evora.models")),
     ("adapters and schemas", ("evora.lora", "evora.config")),
-    ("errors", ("evora.errors", "evora")),
+    ("errors and the version", ("evora.errors", "evora.version")),
 ]
 # Ray-, vLLM- and W&B-free: the maths and data (every module under these packages).
 PURE_PACKAGES = ("evora.strategies", "evora.lora", "evora.tasks", "evora.training", "evora.models", "evora.config")
@@ -33,6 +33,8 @@ NOT_PURE: tuple[str, ...] = ()  # job runners (evora.jobs: PBT drives Ray Tune) 
 
 
 def layer_of(module: str) -> int:
+    if module == "evora":  # the package itself is a front door too: evora.run, evora.load_run, evora.compose
+        return 0
     for index, (_, prefixes) in enumerate(LAYERS):
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return index

@@ -1,5 +1,5 @@
 """`make release-check` (tools/release_check.py): the sdist and the wheel built from this checkout
-are of evora/__init__.py's version, which is the version the changelog's first released entry
+are of evora/version.py's version, which is the version the changelog's first released entry
 names and the one the installed package reports, and carry the licence and what a run needs; a
 wheel without its licence, or a changelog a version behind, is named in one line."""
 
@@ -54,6 +54,6 @@ def test_a_wheel_without_its_licence_and_a_changelog_behind_are_named(dist, tmp_
                 stripped.writestr(item, built.read(item))
     found = problems(tmp_path, source_version(), "0.0.1")
     assert found == [
-        f"CHANGELOG.md: its first released entry is 0.0.1, evora/__init__.py says {source_version()}",
+        f"CHANGELOG.md: its first released entry is 0.0.1, evora/version.py says {source_version()}",
         f"{wheel.name}: lacks the licence (evora-[^/]+\\.dist-info/licenses/LICENSE)",
     ]
