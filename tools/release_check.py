@@ -1,7 +1,7 @@
-"""What `make release-check` asks of a built sdist and wheel: one of each, of the version in
-evora/version.py, which CHANGELOG.md's first released entry names, each carrying the licence,
-and the wheel everything a run needs beside the code (configs, the bundled models, the schema,
-task data). Prints one line per problem and exits 1, or one line and 0.
+"""`make release-check`: build the sdist and the wheel, and check them: one of each, of the
+version in evora/version.py, which CHANGELOG.md's first released entry names, each carrying the
+licence, and the wheel everything a run needs beside the code (configs, the bundled models, the
+schema, task data). Prints one line per problem and exits 1, or one line and 0.
 
     python tools/release_check.py dist
 """
@@ -9,8 +9,11 @@ task data). Prints one line per problem and exits 1, or one line and 0.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -29,6 +32,18 @@ WHEEL_CARRIES = (
     ("the task data", r"evora/tasks/data_files/[^/]+\.jsonl"),
 )
 SDIST_CARRIES = ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml")
+
+
+def build(out: Path, root: Path = ROOT) -> None:
+    """The sdist and the wheel of `root` into `out`, built from a copy with the venv's setuptools
+    (setuptools writes build/ and *.egg-info beside what it builds; the checkout's egg-info is
+    its editable install's)."""
+    with tempfile.TemporaryDirectory(prefix="evora-release-") as folder:
+        source = Path(folder) / "evora"
+        skipped = shutil.ignore_patterns(".*", "dist", "build", "*.egg-info", "runs", "outputs", "__pycache__")
+        shutil.copytree(root, source, symlinks=True, ignore=skipped)
+        command = [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)]
+        subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
 
 
 def source_version(root: Path = ROOT) -> str:
@@ -67,6 +82,8 @@ def problems(dist: Path, version: str, released: str | None) -> list[str]:
 
 def main(argv: list[str]) -> int:
     dist = Path(argv[0]) if argv else ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    build(dist)
     version = source_version()
     found = problems(dist, version, changelog_version())
     for line in found:

@@ -470,7 +470,8 @@ def test_dockerfile(flavour):
             for source in words[:-1]:
                 assert (ROOT / source).exists(), f"COPY {source}: not in the build context (repository root)"
                 copied.add(source.rstrip("/"))
-    assert {"pyproject.toml", "Makefile", "README.md", "evora", "conf"} <= copied  # conf: evora/conf links to it
+    # conf: evora/conf links to it; constraints.txt: the versions `make setup` installs within
+    assert {"pyproject.toml", "constraints.txt", "Makefile", "README.md", "evora", "conf"} <= copied
 
     (setup,) = [args for name, args in steps if name == "RUN" and "make setup" in args]
     variables = make_variables(setup[setup.index("make setup") :].split("&&")[0])

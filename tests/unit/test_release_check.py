@@ -6,7 +6,6 @@ wheel without its licence, or a changelog a version behind, is named in one line
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import zipfile
 from email.parser import Parser
@@ -19,18 +18,13 @@ import evora
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from release_check import changelog_version, problems, source_version  # noqa: E402
+from release_check import build, changelog_version, problems, source_version  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources it builds.
-    source = tmp_path_factory.mktemp("source") / "evora"
-    skipped = shutil.ignore_patterns(".*", "dist", "build", "*.egg-info", "runs")
-    shutil.copytree(ROOT, source, symlinks=True, ignore=skipped)
-    command = [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)]
-    subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+    build(out)
     return out
 
 
