@@ -2,6 +2,7 @@
 # make test  lint (ruff), type-check (mypy) and the whole test suite (unit, integration, end-to-end runs through the CLI)
 # make bench population-evaluation throughput table (bench/throughput.py)
 # make release-check  build the sdist and the wheel into dist/ and check what they carry (tools/release_check.py)
+# make docs  the docs site into site/ (MkDocs, --strict; open site/index.html)
 #
 # Both create .venv on first use and reuse it afterwards; set-up re-runs only when
 # pyproject.toml changes. GPU machines: make run EXTRAS=gpu,dev ARGS="hardware=gpu model=qwen2_5_0_5b"
@@ -18,7 +19,7 @@ PYTEST_XDIST ?= -n 3 --dist loadgroup
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.evora-installed
 
-.PHONY: setup slurm run test bench release-check clean
+.PHONY: setup slurm run test bench release-check docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,9 +57,12 @@ test: setup slurm
 bench: setup
 	$(BIN)/python bench/throughput.py $(ARGS)
 
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
 # Built with the venv's setuptools (nothing fetched), from a copy of the checkout.
 release-check: setup
 	$(BIN)/python tools/release_check.py dist
 
 clean:
-	rm -rf $(VENV) runs outputs dist .pytest_cache .mypy_cache
+	rm -rf $(VENV) runs outputs dist site .pytest_cache .mypy_cache

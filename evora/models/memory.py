@@ -1,5 +1,5 @@
 """What one engine worker holds in memory, estimated from the model's config and the run's
-settings (README, "Will it fit"; `evora doctor`). Pure arithmetic, no engine:
+settings (docs/models.md, "Will it fit"; `evora doctor`). Pure arithmetic, no engine:
 
     weights     parameters x dtype bytes / tensor_parallel_size
     lora slots  engine.max_loras x sum over targeted modules of (in + out) x max LoRA rank x dtype bytes

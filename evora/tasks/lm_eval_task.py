@@ -73,7 +73,7 @@ def check_supported(name: str, task: Any) -> None:
     config = task.config
     if config.output_type != SUPPORTED_OUTPUT:
         raise ConfigError(
-            f"task.lm_eval_task={name}: output_type {config.output_type}; supported: {SUPPORTED_OUTPUT} (README: Tasks)"
+            f"task.lm_eval_task={name}: output_type {config.output_type}; supported: {SUPPORTED_OUTPUT} (docs/tasks.md)"
         )
     filters = config.filter_list
     if filters and [f if isinstance(f, dict) else vars(f) for f in filters] != list(DEFAULT_FILTERS):

@@ -1,5 +1,5 @@
-"""Every `evora ...` command printed in README.md and at the top of every conf/ file
-composes and validates (docs/architecture.md, "Configuration")."""
+"""Every `evora ...` command printed in README.md, in the docs site's pages (docs/) and at the top
+of every conf/ file composes and validates (docs/architecture.md, "Configuration")."""
 
 import re
 import shlex
@@ -25,9 +25,14 @@ def shell_block_lines(text: str) -> list[str]:
     return lines
 
 
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 def readme_commands() -> list[str]:
+    """The commands of README.md and of the docs' pages."""
     commands = []
-    for line in shell_block_lines((ROOT / "README.md").read_text()):
+    lines = [line for document in DOCUMENTS for line in shell_block_lines(document.read_text())]
+    for line in lines:
         line = line.split(" #")[0].strip()
         line = line.split(" -- ", 1)[1] if " -- evora" in line else line  # ray job submit ... -- evora
         line = line.removeprefix(".venv/bin/")

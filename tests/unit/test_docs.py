@@ -1,0 +1,54 @@
+"""The docs site (mkdocs.yml, docs/, tools/docs_hooks.py): every registered strategy has a page
+in the nav, every key of every strategy's config is in its config file with a meaning (the page's
+settings table is read from there), and the site builds with --strict (a broken link, a missing
+page or a bad API reference fails)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from evora.strategies import entries
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from docs_hooks import CONF, documented_keys  # noqa: E402
+
+
+def nav_pages(node) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [page for value in node.values() for page in nav_pages(value)]
+    return [page for item in node for page in nav_pages(item)]
+
+
+def test_every_strategy_has_a_page_in_the_nav():
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)  # its !!python tags unread
+    pages = set(nav_pages(config["nav"]))
+    assert {f"strategies/{e.name}.md" for e in entries()} <= pages
+    assert all((ROOT / "docs" / page).is_file() for page in pages)
+
+
+def test_every_strategy_key_is_documented_in_its_config_file():
+    for entry in entries():
+        documented = {key: meaning for key, _, meaning in documented_keys(CONF / "strategy" / f"{entry.name}.yaml")}
+        fields = {field.name for field in dataclasses.fields(entry.config)}
+        assert fields == {key.split(".")[0] for key in documented}, entry.name
+        assert all(documented.values()), f"{entry.name}: keys without a meaning"
+
+
+def test_the_site_builds_strictly(tmp_path):
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")]
+    built = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert built.returncode == 0, built.stderr[-3000:]
+    page = (tmp_path / "site" / "strategies" / "es" / "index.html").read_text()
+    assert "strategy.sigma" in page and "noise standard deviation" in page  # the generated settings table
+    assert "evora.api.run" in (tmp_path / "site" / "api" / "index.html").read_text()  # from the docstrings

@@ -1,0 +1,119 @@
+"""MkDocs hooks (mkdocs.yml): the parts of the docs site that are generated, so that they cannot
+drift from the code. Every strategy page ends with what the registry says of it and with every
+key of its config file (default and meaning, from the YAML's own comments); the strategies'
+index is the registry's table; the configuration page ends with a reference of every config
+group, option and key, read from conf/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+GROUPS = ("model", "task", "engine", "hardware", "tracking")  # strategies have pages of their own
+KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w]*):(?P<value>[^#]*?)\s*(?:#\s?(?P<comment>.*))?$")
+
+
+def header(path: Path) -> str:
+    """A config file's first comment line, less its `# evora group=option` command."""
+    first = path.read_text().splitlines()[0]
+    command = re.match(r"#\s*(evora [^ ]+(?: [^ (]+)*)\s*(\((?P<what>.*)\))?\s*$", first)
+    if command is None:
+        return first.lstrip("# ").strip()
+    return (command.group("what") or "").strip()
+
+
+def documented_keys(path: Path) -> list[tuple[str, str, str]]:
+    """(dotted key, default, meaning) for every key of a config file, outside its defaults list."""
+    keys, parents, in_defaults = [], [], False
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#") or line.lstrip().startswith("- "):
+            continue
+        found = KEY_LINE.match(line)
+        if found is None:
+            continue
+        depth = len(found.group("indent")) // 2
+        parents = parents[:depth]
+        key, value = found.group("key"), found.group("value").strip()
+        if depth == 0:
+            in_defaults = key == "defaults"
+        if in_defaults or key == "hydra":
+            continue
+        if value == "":
+            parents.append(key)  # a section: its keys follow, indented
+            continue
+        keys.append((".".join([*parents, key]), value, (found.group("comment") or "").strip()))
+    return keys
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a table cell's own bars ("zscore | centered_rank") are text
+
+
+def key_table(path: Path, prefix: str = "") -> str:
+    rows = [f"| `{prefix}{key}` | `{cell(value)}` | {cell(meaning)} |" for key, value, meaning in documented_keys(path)]
+    return "\n".join(["| key | default | meaning |", "| --- | --- | --- |", *rows]) if rows else "(no keys of its own)"
+
+
+def strategy_section(name: str) -> str:
+    from evora.strategies import get_strategy
+
+    entry = get_strategy(name)
+    path = CONF / "strategy" / f"{name}.yaml"
+    what = f" ({header(path)})" if header(path) else ""
+    runs = f" (it runs the whole job itself: `{entry.runner}`)" if entry.runner else ""
+    facts = [
+        f"- **Selected by** `strategy={name}`{what}",
+        f"- **What it is** {entry.summary}",
+        f"- **Kind** `{entry.kind}`{runs}",
+    ]
+    if entry.center:
+        facts.append(f"- **Final adapter** `adapters/{entry.center}`")
+    return "\n".join(
+        [
+            "",
+            "## At a glance (from the registry)",
+            "",
+            *facts,
+            "",
+            f"## Settings (`conf/strategy/{name}.yaml`)",
+            "",
+            key_table(path, "strategy."),
+            "",
+        ]
+    )
+
+
+def strategies_table() -> str:
+    from evora.strategies import entries
+
+    rows = [
+        f"| [`{e.name}`]({e.name}.md) | {e.summary} | `{e.kind}` |" for e in sorted(entries(), key=lambda e: e.name)
+    ]
+    return "\n".join(["", "| strategy | what it is | kind |", "| --- | --- | --- |", *rows, ""])
+
+
+def configuration_reference() -> str:
+    parts = ["", "## Reference (generated from `conf/`)", ""]
+    parts += ["Top level (`conf/config.yaml`):", "", key_table(CONF / "config.yaml"), ""]
+    for group in GROUPS:
+        parts += [f"### `{group}=`", ""]
+        for path in sorted((CONF / group).glob("*.yaml")):
+            if path.stem == "schema":
+                continue
+            parts += [f"#### `{group}={path.stem}`", "", header(path), "", key_table(path, f"{group}."), ""]
+    parts += ["Strategies: each has a page with its keys ([Strategies](strategies/index.md)).", ""]
+    return "\n".join(parts)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    source = page.file.src_uri
+    if source == "strategies/index.md":
+        return markdown + strategies_table()
+    if source.startswith("strategies/"):
+        return markdown + strategy_section(Path(source).stem)
+    if source == "configuration.md":
+        return markdown + configuration_reference()
+    return markdown
