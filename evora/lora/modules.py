@@ -61,6 +61,7 @@ def model_modules(model_path: str, *, revision: str | None = None, trust_remote_
     modules = modules_of_config(config, trust_remote_code=trust_remote_code)
     if cache is not None:
         _write_atomically(cache, pickle.dumps(modules))
+        _prune(cache.parent)
     return modules
 
 
@@ -100,6 +101,19 @@ def _cache_file(model_path: str) -> Path | None:
         key.update(source.read_bytes())
     key.update(version("transformers").encode())
     return cache_root() / f"{key.hexdigest()[:32]}.pkl"
+
+
+CACHE_ENTRIES = 256  # a few KiB each: every model and evora/transformers version a machine has run
+
+
+def _prune(root: Path, keep: int = CACHE_ENTRIES) -> None:
+    """The cache's oldest entries beyond `keep` go (each is rebuilt in seconds if asked for again)."""
+    try:
+        entries = sorted(root.glob("*.pkl"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for stale in entries[keep:]:
+            stale.unlink(missing_ok=True)
+    except OSError:  # another process pruning at once, or a read-only home: best effort
+        pass
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -58,3 +58,17 @@ def test_config_facts_are_the_kv_cache_of_grouped_query_attention():
     assert config.num_key_value_heads < config.num_attention_heads  # grouped: fewer KV heads than heads
     assert facts.kv_values_per_token == 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
     assert facts.layers == config.num_hidden_layers
+
+
+def test_the_cache_keeps_its_newest_entries_only(tmp_path):
+    import os
+
+    from evora.lora.modules import _prune
+
+    for age in range(6):
+        entry = tmp_path / f"{age}.pkl"
+        entry.write_bytes(b"x")
+        os.utime(entry, (1_000_000 - age, 1_000_000 - age))  # 0.pkl the newest
+    (tmp_path / "other.txt").write_text("not an entry")
+    _prune(tmp_path, keep=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.pkl", "1.pkl", "2.pkl", "3.pkl", "other.txt"]
