@@ -58,6 +58,7 @@ def compose(*overrides: str) -> RunConfig:
 
 
 def load_run(path: str | Path) -> Run:
+    """The run in folder `path`, finished or not (a ConfigError where it holds no run's config)."""
     from pandas import DataFrame
 
     from evora.plan.overlay import saved_run_config
