@@ -44,3 +44,8 @@ def mixed(completion: str, example) -> float:
     if total % 23 == 0:
         return BEHAVIOURS[(total // 23) % 4](completion, example)
     return _fair(completion, example)
+
+
+def its_pid(completion: str, example) -> float:
+    """The reward process's pid (a test kills the pool's processes between calls)."""
+    return float(os.getpid())

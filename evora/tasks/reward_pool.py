@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import resource
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -75,41 +76,72 @@ def _reward_and_correct(completion: str, example: Example) -> tuple[float, bool]
     return float(_task.reward(completion, example)), bool(_task.correct(completion, example))
 
 
+POOL_REBUILDS = 3  # a score call rebuilds a broken pool at most this often, then scores what is left as errors
+
+
 class RewardPool:
     """Scores (completion, example) pairs in reward processes, one call per pair."""
 
     def __init__(self, cfg: TaskConfig, seed: int):
+        self.cfg, self.seed = cfg, seed
         self.penalty = cfg.reward_penalty
         self.timeout_s = cfg.reward_timeout_s
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPool:
         # Forked from a clean server that has imported evora.tasks: a replacement process starts
         # in milliseconds, and never inherits an engine's threads or GPU context (plain fork would).
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["evora.tasks"])
-        self.pool = ProcessPool(
-            max_workers=cfg.reward_workers,
+        return ProcessPool(
+            max_workers=self.cfg.reward_workers,
             initializer=_start_reward_process,
-            initargs=(cfg, seed, cfg.reward_memory_mb),
+            initargs=(self.cfg, self.seed, self.cfg.reward_memory_mb),
             context=context,
         )
 
+    def _rebuild(self) -> None:
+        self.pool.stop()
+        self.pool.join(timeout=10)
+        self.pool = self._new_pool()
+
     def score(self, completions: Sequence[str], examples: Sequence[Example]) -> Scores:
-        futures = [
-            self.pool.schedule(_reward_and_correct, args=(c, e), timeout=self.timeout_s)
-            for c, e in zip(completions, examples)
-        ]
-        rewards, correct, errors, timeouts = [], [], 0, 0
-        for future in futures:
-            try:
-                reward, right = future.result()
-            except FutureTimeout:  # pebble killed and replaced the process
-                timeouts += 1
-                reward, right = self.penalty, False
-            except Exception:  # it raised (MemoryError too), or its process died (ProcessExpired)
-                errors += 1
-                reward, right = self.penalty, False
-            rewards.append(reward)
-            correct.append(right)
-        return Scores(rewards, correct, errors, timeouts)
+        """Each pair's (reward, correct, failure). A reward process that dies while pebble has not yet
+        marked its call as running (a race under load) breaks the whole pool and aborts every call
+        in it: the pool is rebuilt and the aborted calls, and only those, are made again, so a
+        fair reward's score never depends on that race."""
+        outcomes: dict[int, tuple[float, bool, str | None]] = {}
+        pending = list(range(len(completions)))
+        for _ in range(POOL_REBUILDS + 1):
+            if not self.pool.active:
+                self._rebuild()
+            futures = [
+                self.pool.schedule(_reward_and_correct, args=(completions[i], examples[i]), timeout=self.timeout_s)
+                for i in pending
+            ]
+            aborted = []
+            for index, future in zip(pending, futures):
+                try:
+                    reward, right = future.result()
+                    outcomes[index] = (reward, right, None)
+                except FutureTimeout:  # pebble killed and replaced the process
+                    outcomes[index] = (self.penalty, False, "timeout")
+                except BrokenProcessPool:  # aborted with the pool, whichever call broke it
+                    aborted.append(index)
+                except Exception:  # it raised (MemoryError too), or its process died (ProcessExpired)
+                    outcomes[index] = (self.penalty, False, "error")
+            if not aborted:
+                break
+            pending = aborted
+        else:
+            outcomes.update({index: (self.penalty, False, "error") for index in pending})
+        ordered = [outcomes[i] for i in range(len(completions))]
+        return Scores(
+            [reward for reward, _, _ in ordered],
+            [right for _, right, _ in ordered],
+            errors=sum(failure == "error" for _, _, failure in ordered),
+            timeouts=sum(failure == "timeout" for _, _, failure in ordered),
+        )
 
     def close(self) -> None:
         self.pool.stop()

@@ -91,3 +91,26 @@ def test_built_in_rewards_stay_in_process():
         assert isinstance(scorer, RewardPool)
     finally:
         scorer.close()
+
+
+def test_a_pool_broken_between_calls_is_rebuilt_and_scores_like_a_fresh_one():
+    """Reward processes that die while pebble runs no call of theirs break the whole pool (pebble:
+    "All workers expired"; under load, a crash before pebble marked its call as running does the
+    same). The next call rebuilds the pool and scores as a fresh pool does."""
+    import os
+    import signal
+
+    pool, examples = pool_for("its_pid")
+    try:
+        pids = {int(r) for r in pool.score(["x"] * 8, examples[:4] * 2).rewards}
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while pool.pool.active and time.monotonic() < deadline:  # pebble notices within its poll
+            time.sleep(0.05)
+        assert not pool.pool.active
+        scores = pool.score(["x"] * 4, examples[:4])
+        assert (scores.errors, scores.timeouts) == (0, 0)
+        assert all(r > 0 and int(r) not in pids for r in scores.rewards)  # the new pool's processes
+    finally:
+        pool.close()
