@@ -10,7 +10,6 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from evora.config.schema import RunConfig
 from evora.distributed.driver import Driver, PlanRef
 from evora.distributed.ray_session import NAMESPACE, init_ray, started_here
 from evora.engines.adapter_store import sweep_run_scratch
@@ -67,23 +66,15 @@ def launch(plan: RunPlan, run_dir: str, on_event: OnEvent) -> Event:
             raise error.cause from None
         raise
     except BaseException:  # Ctrl-C, SIGTERM or a failure: the generation under way is abandoned, its checkpoint stays
-        _stop_now(driver, run_tag(run_dir))
         if started_here(run):
+            _stop_now(driver, run_tag(run_dir))
             ray.shutdown()  # our own Ray: its processes go now, so none writes scratch after the sweep below
         raise
     finally:
-        _release(driver, run, run_dir)
-
-
-def _release(driver: Any, run: RunConfig, run_dir: str) -> None:
-    """The job's actors and scratch go, however it ended. On a cluster the job joined, its actors
-    are gone before it returns, so the sweep's next job (or another user's) finds their CPUs and
-    GPUs free, not still being released; with our own Ray, the rest goes with it."""
-    if ray.is_initialized() and started_here(run):
-        ray.kill(driver, no_restart=True)
-    elif ray.is_initialized():
-        _stop_now(driver, run_tag(run_dir))
-    sweep_run_scratch(run.engine.adapter_dir, run_tag(run_dir))
+        # Actors gone before the scratch sweep, and (on a joined cluster) before the next job asks for their CPUs/GPUs.
+        if ray.is_initialized():
+            _stop_now(driver, run_tag(run_dir))
+        sweep_run_scratch(run.engine.adapter_dir, run_tag(run_dir))
 
 
 def _stop_now(driver: Any, tag: str) -> None:

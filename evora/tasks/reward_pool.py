@@ -101,8 +101,7 @@ class RewardPool:
         )
 
     def _rebuild(self) -> None:
-        self.pool.stop()
-        self.pool.join(timeout=10)
+        self.close()
         self.pool = self._new_pool()
 
     def score(self, completions: Sequence[str], examples: Sequence[Example]) -> Scores:
