@@ -105,7 +105,17 @@ def configuration_reference() -> str:
                 continue
             parts += [f"#### `{group}={path.stem}`", "", header(path), "", key_table(path, f"{group}."), ""]
     parts += ["Strategies: each has a page with its keys ([Strategies](strategies/index.md)).", ""]
-    return "\n".join(parts)
+    return "\n".join(parts + experiments_reference())
+
+
+def experiments_reference() -> list[str]:
+    """Every named experiment (`conf/experiment/`): its command, what it is and the values it sets."""
+    parts = ["### `+experiment=`", ""]
+    for path in sorted((CONF / "experiment").rglob("*.yaml")):
+        name = path.relative_to(CONF / "experiment").with_suffix("").as_posix()
+        comments = [line[1:].strip() for line in path.read_text().splitlines()[1:] if line.startswith("#")]
+        parts += [f"#### `+experiment={name}`", "", "```text", *comments, "```", "", key_table(path), ""]
+    return parts
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:

@@ -25,6 +25,7 @@ WHEEL_CARRIES = (
     ("the main config", r"evora/conf/config\.yaml"),
     ("the strategy configs", r"evora/conf/strategy/es\.yaml"),
     ("the tuning files", r"evora/conf/tuning/[^/]+\.yaml"),
+    ("the named experiments", r"evora/conf/experiment/qiu2025/[^/]+\.yaml"),
     ("the tiny model", r"evora/models/tiny/model\.safetensors"),
     ("the tiny model's tokenizer", r"evora/models/tiny/tokenizer\.json"),
     ("the tiny mixture", r"evora/models/tiny_mix/model\.safetensors"),

@@ -145,7 +145,7 @@ class TrackingConfig:
 @dataclass(frozen=True)
 class RunConfig:
     seed: int = 0
-    name: str = "quickstart"
+    name: str = "run"
     generations: int = 30
     eval_every: int = 10  # held-out evaluation every k generations (0: start and end only)
     resume: Optional[str] = None

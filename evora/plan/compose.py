@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ _PASSIVE_FLAGS = {
 
 def new_run_dir(out_dir: str, name: str, now: datetime | None = None) -> str:
     stamp = (now or datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
-    return str(Path(out_dir) / f"{stamp}_{name}")
+    safe = re.sub(r"[^\w.-]+", "-", name)  # a user's task or strategy may be named module:Class
+    return str(Path(out_dir) / f"{stamp}_{safe}")
 
 
 def _run_dir(out_dir: str, name: str, resume: Any) -> str:

@@ -7,7 +7,7 @@ import pytest
 
 from evora.config.schema import RunConfig
 from evora.errors import ConfigError
-from evora.plan.compose import GROUPS, compose_run, expand_jobs, group_options, overrides_of
+from evora.plan.compose import GROUPS, compose_run, expand_jobs, group_options, new_run_dir, overrides_of
 from evora.plan.jobs import preflight
 from evora.strategies import get_strategy
 from evora.strategies.es import ESConfig
@@ -27,15 +27,48 @@ def test_paper_defaults_in_strategy_es():
     assert run.strategy.shaping == "zscore"
 
 
-@pytest.mark.parametrize("model", ["qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b", "llama3_2_1b"])
-def test_the_paper_countdown_setup_composes_for_each_of_its_models(model):
-    run = compose_run([f"model={model}", "task=countdown", "hardware=gpu"])
+PAPER_MODELS = ["qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_3b", "qwen2_5_7b", "llama3_2_1b"]
+
+
+@pytest.mark.parametrize("algorithm", ["es_full", "es"])
+@pytest.mark.parametrize("model", PAPER_MODELS)
+def test_the_paper_countdown_runs_are_named_experiments_for_each_of_its_models(model, algorithm):
+    run = compose_run([f"+experiment=qiu2025/countdown_{model}_{algorithm}", "hardware=gpu"])
     es, task = run.strategy, run.task
+    assert (run.model.name, task.name, es.name) == (model, "countdown", algorithm)
     assert (es.population, es.sigma, es.lr, es.antithetic, es.shaping) == (30, 0.001, 5e-4, False, "zscore")
     assert (task.train_size, task.eval_size, task.prompts_per_generation, task.max_tokens) == (200, 2000, 200, 1024)
-    assert (task.split, task.selection_size) == ("ordered", 0)
+    assert (task.split, task.selection_size, task.data_path) == ("ordered", 0, "countdown.json")
     assert (task.number_rule, task.answer_block) == ("all_exactly_once", "last")
-    assert run.generations == 500
+    assert (run.generations, run.eval_every, run.name) == (500, 50, f"{model}_countdown_{algorithm}")
+
+
+def test_what_follows_an_experiment_overrides_it():
+    run = compose_run(["+experiment=qiu2025/countdown_qwen2_5_1_5b_es_full", "model=qwen2_5_3b", "strategy.sigma=0.002"])
+    assert (run.model.name, run.strategy.name, run.strategy.sigma, run.strategy.lr) == ("qwen2_5_3b", "es_full", 0.002, 5e-4)
+
+
+REAL_MODELS = sorted(set(group_options("model")) - {"tiny", "tiny_mix"})
+
+
+@pytest.mark.parametrize("strategy", sorted(group_options("strategy")))
+def test_no_real_models_settings_change_with_its_model_and_strategy_unless_an_experiment_is_named(strategy):
+    """What a real model changes is its own group (`model.*`) and the run's name; the paper's
+    settings come only with `+experiment=qiu2025/...`."""
+
+    def settings(model: str) -> dict:
+        run = dataclasses.asdict(compose_run([f"model={model}", f"strategy={strategy}", "engine=hf"]))
+        return {k: v for k, v in run.items() if k not in ("model", "name")}
+
+    reference = settings(REAL_MODELS[0])
+    assert all(settings(model) == reference for model in REAL_MODELS[1:])
+    assert reference["generations"] == 30 and reference["task"]["data_path"] is None  # conf/config.yaml's, task's
+
+
+def test_a_run_is_named_after_model_task_and_strategy_and_its_folder_keeps_to_safe_characters():
+    assert compose_run(["task=arithmetic", "strategy=ga"]).name == "tiny_arithmetic_ga"
+    assert compose_run(["name=mine"]).name == "mine"
+    assert new_run_dir("runs", "tiny_mypkg.tasks:Mine_es").endswith("_tiny_mypkg.tasks-Mine_es")
 
 
 DATA = Path(__file__).resolve().parents[1] / "data"
