@@ -44,8 +44,10 @@ def test_the_paper_countdown_runs_are_named_experiments_for_each_of_its_models(m
 
 
 def test_what_follows_an_experiment_overrides_it():
-    run = compose_run(["+experiment=qiu2025/countdown_qwen2_5_1_5b_es_full", "model=qwen2_5_3b", "strategy.sigma=0.002"])
-    assert (run.model.name, run.strategy.name, run.strategy.sigma, run.strategy.lr) == ("qwen2_5_3b", "es_full", 0.002, 5e-4)
+    experiment = "+experiment=qiu2025/countdown_qwen2_5_1_5b_es_full"
+    run = compose_run([experiment, "model=qwen2_5_3b", "strategy.sigma=0.002"])
+    es = run.strategy
+    assert (run.model.name, es.name, es.sigma, es.lr) == ("qwen2_5_3b", "es_full", 0.002, 5e-4)
 
 
 REAL_MODELS = sorted(set(group_options("model")) - {"tiny", "tiny_mix"})
