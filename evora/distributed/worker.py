@@ -39,6 +39,7 @@ from evora.distributed.worker_memory import MemoryGauge
 from evora.distributed.worker_spec import ADAPTER_DTYPES, WorkerSpec, load_tokenizer, resolve_task
 from evora.engines import AdapterRef, Completion, create_engine
 from evora.engines.adapter_store import AdapterScratch
+from evora.engines.deferred_imports import defer_sklearn
 from evora.errors import RunError
 from evora.lora import Tensors
 from evora.lora.base_weights import read_weights
@@ -115,6 +116,7 @@ class SharedPayload:
 
 class EngineWorker:
     def __init__(self, spec: WorkerSpec, index: int):
+        defer_sklearn()  # before the tokenizer imports transformers.generation
         self.index = index
         self.layout = spec.layout
         self.max_tokens = spec.task.max_tokens

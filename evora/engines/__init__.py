@@ -6,6 +6,7 @@ from __future__ import annotations
 from importlib import import_module
 
 from evora.engines.base import AdapterRef, Completion, Engine, EngineSpec, Sampling
+from evora.engines.deferred_imports import defer_sklearn
 
 ENGINES = {
     "vllm": "evora.engines.vllm_engine:VLLMEngine",
@@ -14,6 +15,7 @@ ENGINES = {
 
 
 def create_engine(name: str, spec: EngineSpec) -> Engine:
+    defer_sklearn()
     module, _, cls = ENGINES[name].partition(":")
     return getattr(import_module(module), cls)(spec)
 

@@ -27,7 +27,7 @@ BENCH = ROOT / "bench"
 HELPERS = {"bench_model.py", "scale_driver.py", "scale_engine.py"}
 
 
-def run_bench(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_bench(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """`python bench/<script> --smoke <args>` from the repository root; asserts that it exited 0."""
     env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}
     command = [sys.executable, str(BENCH / script), "--smoke", *args]

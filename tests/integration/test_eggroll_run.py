@@ -1,7 +1,8 @@
-"""strategy=eggroll through the real CLI, Ray and vLLM: 1 and 2 workers give bitwise the
+"""strategy=eggroll through the real CLI and Ray, on the transformers engine (full-weight runs on
+vLLM, with the same weight machinery: test_es_full_run.py): 1 and 2 workers give bitwise the
 same exported weights, a resumed run equals the uninterrupted one, the exported model folder
-loads in transformers and in vLLM and gives the engine's own greedy completions, and the
-delta adapter loads in PEFT. (A killed worker: tests/integration/test_cluster.py.)"""
+loads in transformers and in vLLM and gives the run's own greedy completions, and the delta
+adapter loads in PEFT. (A killed worker: tests/integration/test_cluster.py.)"""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from evora.tracking.summary import read_summary
 
 pytestmark = pytest.mark.slow
 
-EGGROLL = (*SMALL, "strategy=eggroll", "strategy.snapshot_every=2")
+EGGROLL = (*SMALL, "strategy=eggroll", "strategy.snapshot_every=2", "engine=hf")  # the worker count is the point
 OUTCOMES = ("improvements", "regressions", "both_wrong", "both_right")
 MOVED = "model.layers.1.mlp.down_proj.weight"  # tuning/tiny_eggroll.yaml: layer 1's down_proj
 
@@ -116,7 +117,7 @@ def local_ray():
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # a new one: never a cluster a test left behind
     yield
     ray.shutdown()
 

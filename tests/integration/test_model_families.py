@@ -89,7 +89,7 @@ GRADIENT_RUNS = {
     "sft": [],
     "grpo": ["strategy.num_generations=2", "strategy.prompts_per_step=2", "strategy.steps_per_generation=2"],
     "ecology": [],
-    "pbt": ["strategy.target_modules=[[auto]]", "strategy.steps_per_generation=4"],
+    "pbt": ["strategy.target_modules=[[auto]]", "strategy.steps_per_generation=4", "strategy.population=2"],
 }
 
 
