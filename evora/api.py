@@ -4,7 +4,7 @@
     config = evora.compose("strategy=ga", "generations=5")      # a validated RunConfig
     run = evora.run("strategy=ga", "generations=5")             # runs the job; its Run
     run.summary["best"]["reward"], run.metrics[["generation", "reward_mean"]], run.adapters["best"]
-    evora.load_run("runs/2026-11-27_06-10-00_tiny_addition_es")       # a finished (or crashed) run
+    evora.load_run("runs/2026-11-27_06-10-00_tiny_addition_es")  # a finished (or crashed) run
 
 Bad input raises the CLI's one-line errors as exceptions (ConfigError, DataError, RunError) before
 anything starts. `run` runs the job as the `evora` command does, in a process of its own: Ray,

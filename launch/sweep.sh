@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Hydra multirun: every combination of the comma-separated values is one evora job, run
 # one after another in this process, each in its own run folder under one sweep folder:
-#   runs/<date>_<time>_<name>_sweep/<job number>/
+#   runs/<date>_<time>_sweep/<job number>/
 # When the jobs are done, evora writes sweep_summary.md (a table) and sweep_summary.json in
 # the sweep folder: every job's overrides and results side by side.
 #
