@@ -11,7 +11,7 @@ PYTHON ?= python3
 VENV ?= .venv
 EXTRAS ?= cpu,dev
 TORCH ?= torch==2.13.0
-ARGS ?=
+ARGS ?= +experiment=quickstart/es
 PYTEST_ARGS ?=
 # pytest-xdist: 3 worker processes; tests marked @pytest.mark.xdist_group("name") share one
 # worker (a cached CLI run, an engine or a cluster started once). PYTEST_XDIST="-n 0": serial.

@@ -1,8 +1,8 @@
 """Soak: a long quickstart run, watched for leaks (not a test; docs/architecture.md, "Benchmarks").
 
-    python bench/soak.py [--generations 500] [--warmup 10] [overrides ...]
-    python bench/soak.py --generations 200 strategy=eggroll
-    python bench/soak.py --generations 200 strategy=ecology
+    python bench/soak.py [--generations 500] [--warmup 10] [--experiment quickstart/es] [overrides ...]
+    python bench/soak.py --generations 200 --experiment quickstart/eggroll
+    python bench/soak.py --generations 200 --experiment quickstart/ecology
     python bench/soak.py --smoke [--out FOLDER] [overrides ...]
 
 Every generation it samples the driver actor's and each engine worker's RSS (with their
@@ -149,7 +149,8 @@ def main() -> None:
         help="folder for the JSON and the plot (default: bench/results; --smoke: in a temporary folder)",
     )
     parser.add_argument("--smoke", action="store_true", help="a few generations at the least size (CI)")
-    parser.add_argument("overrides", nargs="*", help="evora config overrides (the quickstart's by default)")
+    parser.add_argument("--experiment", default="quickstart/es", help="the run's +experiment= (conf/experiment/)")
+    parser.add_argument("overrides", nargs="*", help="evora config overrides, after the experiment's")
     args = parser.parse_args()
     if args.smoke:
         parser.set_defaults(**SMOKE)
@@ -165,7 +166,8 @@ def main() -> None:
 
     setup()
     out = Path(tempfile.mkdtemp(prefix="evora-soak-"))
-    run = compose_run([f"generations={args.generations}", f"tracking.out_dir={out}", *args.overrides])
+    settings = [f"+experiment={args.experiment}", f"generations={args.generations}", f"tracking.out_dir={out}"]
+    run = compose_run([*settings, *args.overrides])
     run_dir = out / "soak"
     run_dir.mkdir()
     tag = run_tag(str(run_dir))

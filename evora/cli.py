@@ -1,7 +1,7 @@
 """The `evora` command: Hydra main over conf/, with a preflight that rejects bad input in
 one line before Ray starts.
 
-    evora                                   the quickstart (tiny model, CPU, local Ray)
+    evora +experiment=quickstart/es         the quickstart, `make run` (tiny model, CPU, local Ray)
     evora model=qwen2_5_0_5b task=countdown hardware=gpu
     evora -m strategy.sigma=0.001,0.002 seed=0,1,2
     evora resume=runs/<run folder> generations=60

@@ -15,7 +15,7 @@ SUBCOMMANDS = (
     ("serve", "vLLM's OpenAI-compatible server with a run's base model and adapters by name"),
 )
 EXAMPLES = (
-    "evora                                            # the quickstart: tiny model, CPU, local Ray",
+    "evora +experiment=quickstart/es                  # the quickstart: tiny model, CPU, local Ray",
     "evora model=qwen2_5_0_5b task=countdown strategy=es hardware=gpu",
     "evora -m strategy=es,ga seed=0,1,2              # a sweep: one run per combination",
     "evora resume=runs/<run folder>                   # continue a run from its last checkpoint",

@@ -30,7 +30,14 @@ def joined(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def finished(joined) -> evora.Run:
-    return evora.run(*SMALL, "engine=hf", "generations=2", "hardware.num_workers=1", f"tracking.out_dir={joined}")
+    return evora.run(
+        "+experiment=quickstart/es",
+        *SMALL,
+        "engine=hf",
+        "generations=2",
+        "hardware.num_workers=1",
+        f"tracking.out_dir={joined}",
+    )
 
 
 def test_run_returns_the_run_it_made_and_load_run_reads_it_back(finished, joined, capsys):

@@ -14,11 +14,16 @@ from evora.tracking.metrics import read_metrics
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pbt-run")]  # shares the PBT run of test_cli.py
 
 FAST = ["engine=hf", "hardware.num_workers=1", "task.eval_size=64", "eval_every=2"]
-ES = [*FAST, "strategy.population=8", "task.prompts_per_generation=16", "generations=4"]
-PBT = ["strategy=pbt", "generations=3", "tracking=wandb", "tracking.wandb_mode=offline"]  # test_cli.py's run
+ES = ["+experiment=quickstart/es", *FAST, "strategy.population=8", "task.prompts_per_generation=16", "generations=4"]
+PBT = [
+    "+experiment=quickstart/pbt",
+    "generations=3",
+    "tracking=wandb",
+    "tracking.wandb_mode=offline",
+]  # test_cli.py's run
 MEMETIC_GA = [
     *FAST,
-    "strategy=ga",
+    "+experiment=quickstart/ga",
     "strategy.population=8",
     "task.prompts_per_generation=16",
     "generations=4",
@@ -45,7 +50,7 @@ def es_run():
 
 @pytest.mark.parametrize("strategy,extra", [("sft", []), ("grpo", GRPO_SMALL)])
 def test_a_baseline_matched_to_an_es_run_spends_its_compute(es_run, strategy, extra):
-    run_dir, stdout = cli_run(*FAST, f"strategy={strategy}", f"strategy.match={es_run}", *extra)
+    run_dir, stdout = cli_run(*FAST, f"+experiment=quickstart/{strategy}", f"strategy.match={es_run}", *extra)
     target, spent = search_flops(es_run), search_flops(run_dir)
     assert target > 0 and abs(spent - target) / target <= 0.10, (spent, target)
     summary = summary_of(run_dir)
@@ -75,8 +80,8 @@ def test_compare_shows_es_ga_pbt_sft_and_grpo_with_reward_kl_and_compute(es_run,
         es_run,
         cli_run(*MEMETIC_GA)[0],
         cli_run(*PBT)[0],
-        cli_run(*FAST, "strategy=sft", f"strategy.match={es_run}")[0],
-        cli_run(*FAST, "strategy=grpo", f"strategy.match={es_run}", *GRPO_SMALL)[0],
+        cli_run(*FAST, "+experiment=quickstart/sft", f"strategy.match={es_run}")[0],
+        cli_run(*FAST, "+experiment=quickstart/grpo", f"strategy.match={es_run}", *GRPO_SMALL)[0],
     ]
     result = run_evora(["compare", *map(str, runs), "--out", str(tmp_path)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

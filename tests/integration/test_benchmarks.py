@@ -41,7 +41,7 @@ def lm_evals_own(model: str, model_args: dict) -> dict:
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_the_benchmark_table_equals_lm_evals_own_numbers(engine, tmp_path):
-    run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
     adapter = run_dir / "adapters" / "best"
     result = run_evora(
         ["eval", f"adapter={adapter}", f"benchmarks=[{TASK}]", f"benchmarks_path={TASKS}", f"engine={engine}"]
@@ -73,6 +73,7 @@ def test_an_es_run_on_an_lm_eval_task_reports_lm_evals_own_metric(tmp_path):
     are lm-eval's own metric of the completions it lists (eval/best_vs_base.json)."""
     sizes = ["task.train_size=16", "task.eval_size=16", "task.prompts_per_generation=8", "task.max_tokens=8"]
     run_dir, _ = cli_run(
+        "+experiment=quickstart/es",
         *SMALL[:2],
         "task=lm_eval",
         f"task.lm_eval_task={TASK}",

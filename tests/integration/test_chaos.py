@@ -50,14 +50,14 @@ TINY_RUN = (
     "eval_every=5",
 )
 RUNS = {
-    "es": (*TINY_RUN, "strategy.population=8"),
-    "ga": (*TINY_RUN, "strategy=ga", "strategy.population=8"),
+    "es": (*TINY_RUN, "+experiment=quickstart/es", "strategy.population=8"),
+    "ga": (*TINY_RUN, "+experiment=quickstart/ga", "strategy.population=8"),
     # Snapshots every 3 generations: its workers killed after generation 4 or 5, their
     # replacements join from the snapshot of generation 3 and the updates since.
-    "eggroll": (*TINY_RUN, "strategy=eggroll", "strategy.population=8", "strategy.snapshot_every=3"),
-    "ecology": (*TINY_RUN, "model=tiny_mix", "task=mix", "strategy=ecology", "task.selection_size=32"),
+    "eggroll": (*TINY_RUN, "+experiment=quickstart/eggroll", "strategy.population=8", "strategy.snapshot_every=3"),
+    "ecology": (*TINY_RUN, "+experiment=quickstart/ecology_mix", "task.selection_size=32"),
     # eval_every=1: SFT needs its workers only to evaluate, so the replacements join at once.
-    "sft": (*TINY_RUN, "strategy=sft", "strategy.steps_per_generation=4", "eval_every=1"),
+    "sft": (*TINY_RUN, "+experiment=quickstart/sft", "strategy.steps_per_generation=4", "eval_every=1"),
 }
 # Values of a metrics record that depend on time and on the workers, not on the run's trajectory.
 VARYING = {"time", "wall_clock_s", "tokens_per_second", "worker_rss_mb"}

@@ -65,7 +65,7 @@ def test_bad_input_fails_in_one_line_before_ray_starts(override, key, tmp_path):
 
 @pytest.mark.xdist_group("es-run")
 def test_run_folder_outputs_and_console(tmp_path):
-    run_dir, stdout = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, stdout = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
     assert (run_dir / "config.yaml").is_file()
     records = read_metrics(run_dir)
     assert [r["generation"] for r in records] == [0, 1, 2, 3]
@@ -113,7 +113,7 @@ def test_exported_adapters_load_in_peft(tiny_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
     for name in ("mean", "best"):
         model = PeftModel.from_pretrained(
             AutoModelForCausalLM.from_pretrained(tiny_path), str(run_dir / "adapters" / name)
@@ -130,8 +130,8 @@ def test_one_worker_resumed_on_three_gives_bitwise_the_run_of_two_workers_throug
     generation 3, against two workers uninterrupted (hardware may change on resume). ES's update
     is summed on the workers (strategies/noise_sums.py): its groups land on different workers in
     each run, and the driver adds them in the same order."""
-    two, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
-    part, _ = fresh_run(*SMALL, "generations=2", "hardware.num_workers=1")
+    two, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
+    part, _ = fresh_run("+experiment=quickstart/es", *SMALL, "generations=2", "hardware.num_workers=1")
     resumed = resume_run(part, "generations=3", "hardware.num_workers=3", "hardware.cpus_per_worker=0.5")
     assert "resumed at generation 2" in resumed
     assert_bitwise_equal(mean_adapter(part), mean_adapter(two))
@@ -146,7 +146,14 @@ def test_one_worker_resumed_on_three_gives_bitwise_the_run_of_two_workers_throug
 def test_whole_units_give_each_worker_its_share_in_one_generate_call():
     """engine.units=whole: 8 candidates on 2 workers are 2 calls of 4 (vLLM keeping max_loras=2
     in flight), where fixed units make 4 calls of 2; every candidate is scored."""
-    run, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2", "engine.max_loras=2", "engine.units=whole")
+    run, _ = cli_run(
+        "+experiment=quickstart/es",
+        *SMALL,
+        "generations=3",
+        "hardware.num_workers=2",
+        "engine.max_loras=2",
+        "engine.units=whole",
+    )
     records = read_metrics(run)[1:]
     assert [r["units"] for r in records] == [2, 2, 2]
     assert all(math.isfinite(r["reward_mean"]) and r["tokens"] > 0 for r in records)
@@ -155,7 +162,7 @@ def test_whole_units_give_each_worker_its_share_in_one_generate_call():
 
 @pytest.mark.xdist_group("es-run")
 def test_resume_refuses_to_change_the_trajectory(tmp_path):
-    run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
     result = run_evora([f"resume={run_dir}", "strategy.sigma=0.5"], cwd=tmp_path)
     assert result.returncode == 2
     assert "strategy.sigma: cannot change when resuming" in result.stderr
@@ -166,7 +173,7 @@ def test_resume_refuses_to_change_the_trajectory(tmp_path):
 
 @pytest.mark.xdist_group("es-run")
 def test_eval_compare_writes_both_reports_and_agrees_with_the_run(tmp_path):
-    run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
     result = run_evora(
         ["eval", f"adapter={run_dir / 'adapters' / 'best'}", "compare=true", "hardware.num_workers=1"], cwd=tmp_path
     )
@@ -202,13 +209,16 @@ def test_malformed_data_file_fails_with_file_and_line_before_ray(tmp_path):
 
 @pytest.mark.xdist_group("hf-run")
 def test_hf_engine_runs_the_same_loop():
-    run_dir, stdout = cli_run(*SMALL, "generations=2", "engine=hf", "hardware.num_workers=1")
+    run_dir, stdout = cli_run(
+        "+experiment=quickstart/es", *SMALL, "generations=2", "engine=hf", "hardware.num_workers=1"
+    )
     assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2]
     assert "held-out reward: base model" in stdout
 
 
 def test_countdown_task_with_per_layer_noise():
     run_dir, _ = cli_run(
+        "+experiment=quickstart/es",
         "task=countdown",
         "task.max_tokens=24",
         "task.train_size=64",
@@ -233,7 +243,7 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
     fake_key = "local-0123456789abcdef0123456789abcdef01234567"
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
     result = run_evora(
-        [f"tracking.out_dir={out}", *SMALL, "generations=2", "engine=hf", "tracking=wandb"]
+        [f"tracking.out_dir={out}", "+experiment=quickstart/es", *SMALL, "generations=2", "engine=hf", "tracking=wandb"]
         + ["tracking.wandb_mode=offline"],
         cwd=out,
         env={"WANDB_API_KEY": fake_key},
@@ -253,7 +263,7 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
 
 # The GA is the point: vLLM's part is the ES tests' and the GA quickstart's. min_units=4: its 2 groups of
 # candidates are cut along the prompts too (4 units), which the worker-count test checks end to end.
-GA = ["strategy=ga", *SMALL, "engine=hf", "hardware.min_units=4"]
+GA = ["+experiment=quickstart/ga", *SMALL, "engine=hf", "hardware.min_units=4"]
 
 
 @pytest.mark.xdist_group("ga-run")
@@ -274,7 +284,7 @@ def test_ga_lineage_is_a_family_tree():
     known = {"g0-00-init"}
     for generation in (1, 2, 3):
         members = [r for r in records if r["generation"] == generation]
-        assert sum(r["survived"] for r in members) == 8  # parents = population here (tiny_ga.yaml: 8)
+        assert sum(r["survived"] for r in members) == 8  # parents = population here (quickstart/ga's parents: 8)
         for r in members:
             assert set(r["parents"]) <= known, r  # parents were members of an earlier generation
         known |= {r["id"] for r in members}
@@ -287,7 +297,7 @@ def test_bad_ga_configs_fail_before_ray(tmp_path):
         ("strategy.keep_top=32", "strategy.keep_top=32: must be in 1..strategy.population - 1"),
         ("strategy.crossover_rate=1.5", "strategy.crossover_rate=1.5: must be in [0, 1]"),
     ):
-        result = run_evora(["strategy=ga", override], cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
+        result = run_evora(["+experiment=quickstart/ga", override], cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"evora: error: {key}"), lines
     assert not any(ray_tmp.iterdir())
@@ -295,7 +305,9 @@ def test_bad_ga_configs_fail_before_ray(tmp_path):
 
 
 def test_ga_quickstart_improves_heldout_reward():
-    run_dir, stdout = cli_run("strategy=ga", "engine=hf")  # the GA's learning is the point, not the engine
+    run_dir, stdout = cli_run(
+        "+experiment=quickstart/ga", "engine=hf"
+    )  # the GA's learning is the point, not the engine
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     validate_summary(summary)
     assert summary["best"]["reward"] > summary["base"]["reward"] + 0.2, summary
@@ -304,13 +316,13 @@ def test_ga_quickstart_improves_heldout_reward():
 
 # --- population-based training ----------------------------------------------------------
 
-PBT = ["strategy=pbt", "generations=3"]
+PBT = ["+experiment=quickstart/pbt", "generations=3"]
 TINY_PBT = {
     "rank": [1, 8, 16],
     "alpha_multiplier": [1.0, 2.0],
     "dropout": [0.0, 0.05],
     "target_modules": ["down_proj", "q_proj,v_proj"],
-}  # conf/tuning/tiny_pbt.yaml
+}  # conf/experiment/quickstart/pbt.yaml
 
 
 @pytest.mark.xdist_group("pbt-run")
@@ -358,7 +370,7 @@ def test_pbt_experiment_killed_after_the_first_perturbation_resumes(tmp_path):
     process = subprocess.Popen(
         evora_cmd(
             "tracking.progress=false",
-            "strategy=pbt",
+            "+experiment=quickstart/pbt",
             "engine=hf",  # Tune's restore is the point, not the engine
             "generations=3",
             "strategy.steps_per_generation=10",
@@ -399,7 +411,7 @@ def test_bad_pbt_search_spaces_fail_before_ray(tmp_path):
         ("strategy.ranks=[3,8]", "strategy.ranks=[3, 8]: rank 3 is not one vLLM serves"),
         ("strategy.learning_rates=[0.001,0]", "every learning rate must be > 0"),
     ):
-        result = run_evora(["strategy=pbt", override], cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
+        result = run_evora(["+experiment=quickstart/pbt", override], cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and message in lines[0], lines
     assert not any(ray_tmp.iterdir())
@@ -407,7 +419,9 @@ def test_bad_pbt_search_spaces_fail_before_ray(tmp_path):
 
 
 def test_pbt_members_that_cannot_fit_beside_the_engines_stop_the_run_at_start(tmp_path):
-    result = run_evora(["strategy=pbt", "hardware.trial_cpus=4", f"tracking.out_dir={tmp_path}"], cwd=tmp_path)
+    result = run_evora(
+        ["+experiment=quickstart/pbt", "hardware.trial_cpus=4", f"tracking.out_dir={tmp_path}"], cwd=tmp_path
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr[-3000:]
     assert lines[-1].startswith("evora: error: hardware.trial_cpus=4.0: only 1 CPU left beside the engine workers")
@@ -422,7 +436,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
     "args,expected",
     [
         pytest.param(
-            (*SMALL, "generations=3", "hardware.num_workers=2"),
+            ("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2"),
             {"reward", "timing"},
             id="es",
             marks=pytest.mark.xdist_group("es-run"),
@@ -444,7 +458,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_analyze_real_runs_writes_every_plot_and_a_report(args, expected, tmp_path):
     run_dir, _ = cli_run(*args)
     copy = shutil.copytree(run_dir, tmp_path / run_dir.name)  # other tests read the cached run as it was
-    if "strategy=pbt" not in args:
+    if "+experiment=quickstart/pbt" not in args:
         assert (copy / "plots" / "reward.png").read_bytes().startswith(PNG)  # drawn during the run
     result = run_evora(["analyze", str(copy)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -480,7 +494,7 @@ def test_analyze_real_runs_writes_every_plot_and_a_report(args, expected, tmp_pa
 
 @pytest.mark.xdist_group("es-run")
 def test_runs_list_shows_real_runs_and_their_status(tmp_path):
-    run_dir, _ = cli_run(*SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
     result = run_evora(["runs", "list", "--dir", str(run_dir.parent)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert run_dir.name[:19] in result.stdout and "finished" in result.stdout
@@ -491,7 +505,7 @@ def test_runs_list_shows_real_runs_and_their_status(tmp_path):
 
 @pytest.mark.xdist_group("quickstart")
 def test_quickstart_improves_heldout_reward_over_the_base_model():
-    run_dir, stdout = cli_run()  # the default config: what `make run` runs
+    run_dir, stdout = cli_run("+experiment=quickstart/es")  # what `make run` runs
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert summary["final"]["reward"] > summary["base"]["reward"] + 0.2, summary
     assert "held-out reward: base model" in stdout
@@ -502,7 +516,7 @@ def test_worker_memory_is_flat_over_the_quickstarts_generations():
     """From generation 5 (the held-out evaluation and every LoRA slot used before) to 30: 25
     generations of 32 candidates each loaded and unloaded, and held-out evaluations at 10, 20
     and 30, leave each worker's memory within 5% (0.2% measured)."""
-    records = {r["generation"]: r for r in read_metrics(cli_run()[0])}
+    records = {r["generation"]: r for r in read_metrics(cli_run("+experiment=quickstart/es")[0])}
     at5, at30 = records[5]["worker_rss_mb"], records[30]["worker_rss_mb"]
     assert len(at5) == 2  # both workers
     for worker in at5:

@@ -140,7 +140,12 @@ def test_engine_workers_get_their_engines_environment_through_ray(cluster, tiny_
 
 # --- fault tolerance ------------------------------------------------------------------------
 
-FAULT_RUN = (*SMALL, "generations=2", "engine=hf")  # the reference: hardware.num_workers=1, no faults
+FAULT_RUN = (
+    "+experiment=quickstart/es",
+    *SMALL,
+    "generations=2",
+    "engine=hf",
+)  # the reference: hardware.num_workers=1, no faults
 
 
 def test_killed_worker_and_removed_node_do_not_change_the_result(cluster):
@@ -164,7 +169,7 @@ def test_killed_worker_and_removed_node_do_not_change_the_result(cluster):
 # behind it (it joined at generation 15 of 30). EGGROLL's replacement: test_chaos.py.
 ES_FULL_RUN = (
     *SMALL,
-    "strategy=es_full",
+    "+experiment=quickstart/es_full",
     "strategy.snapshot_every=4",
     "generations=30",
     "task.prompts_per_generation=32",
@@ -198,7 +203,7 @@ def test_multirun_shares_one_ray_session_groups_wandb_runs_and_writes_a_sweep_su
     result = run_evora(
         [
             "-m",
-            "strategy=es,ga",
+            "+experiment=quickstart/es,quickstart/ga",
             "generations=1",
             "engine=hf",
             "hardware.num_workers=1",
@@ -224,7 +229,7 @@ def test_multirun_shares_one_ray_session_groups_wandb_runs_and_writes_a_sweep_su
         wandb_run = next((sweep / job / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
         assert f'"wandb_group":"{sweep.name}"'.encode() in wandb_run  # the group, in the run's W&B config
     markdown = (sweep / "sweep_summary.md").read_text()
-    assert "strategy=es" in markdown and "strategy=ga" in markdown
+    assert "+experiment=quickstart/es" in markdown and "+experiment=quickstart/ga" in markdown
     assert_no_secrets(sweep)
 
 

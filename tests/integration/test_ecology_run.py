@@ -1,5 +1,5 @@
 """strategy=ecology end to end through the CLI on model=tiny_mix (task=mix: its four families,
-tuning/tiny_mix_ecology.yaml): births, merges and retirements happen; the routed portfolio
++experiment=quickstart/ecology_mix): births, merges and retirements happen; the routed portfolio
 beats the base model and scores at least the single best organelle; energy adds up; the
 ecology's files and plots are written; 1 and 2 workers and a resumed run give the same
 ecology bit for bit."""
@@ -18,7 +18,7 @@ from evora.tracking.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ecology-run")]
 
-ECOLOGY = ["model=tiny_mix", "task=mix", "strategy=ecology", "engine=hf", "generations=10", "eval_every=5"]
+ECOLOGY = ["+experiment=quickstart/ecology_mix", "engine=hf", "generations=10", "eval_every=5"]
 FAMILIES = {"addition", "difference", "reversal", "letter_count"}
 PLOTS = ("ecology_population", "ecology_roi", "ecology_ancestry", "ecology_archive", "ecology_routing")
 

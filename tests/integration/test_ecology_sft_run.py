@@ -16,9 +16,7 @@ from evora.tracking.metrics import read_metrics
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ecology-sft")]
 
 ECOLOGY_SFT = [
-    "model=tiny_mix",
-    "task=mix",
-    "strategy=ecology",
+    "+experiment=quickstart/ecology_mix",
     "strategy.plasticity=sft",
     "engine=hf",
     "generations=4",
@@ -37,5 +35,5 @@ def test_the_ecology_trains_its_organelles_on_their_own_successes():
     assert all(r["sft_step_norm"] > 0 and r["sft_loss"] > 0 and r["tokens_trained"] > 0 for r in trained), trained
     assert all("plasticity_step_norm" in r and r["plasticity_step_norm"] == 0 for r in generations)  # no ES probes
     details = summary["details"]
-    assert details["episodes"] == 4 * 32, details  # tuning/tiny_mix_ecology.yaml: 32 episodes a generation
+    assert details["episodes"] == 4 * 32, details  # quickstart/ecology_mix: 32 episodes a generation
     assert details["portfolio"]["reward"] > summary["base"]["reward"], (details["portfolio"], summary["base"])

@@ -20,9 +20,14 @@ from evora.tracking.summary import read_summary
 
 pytestmark = pytest.mark.slow
 
-EGGROLL = (*SMALL, "strategy=eggroll", "strategy.snapshot_every=2", "engine=hf")  # the worker count is the point
+EGGROLL = (
+    *SMALL,
+    "+experiment=quickstart/eggroll",
+    "strategy.snapshot_every=2",
+    "engine=hf",
+)  # the worker count is the point
 OUTCOMES = ("improvements", "regressions", "both_wrong", "both_right")
-MOVED = "model.layers.1.mlp.down_proj.weight"  # tuning/tiny_eggroll.yaml: layer 1's down_proj
+MOVED = "model.layers.1.mlp.down_proj.weight"  # quickstart/eggroll: layer 1's down_proj
 
 
 def exported(run_dir: Path, folder: str = "model") -> dict[str, torch.Tensor]:
@@ -141,7 +146,7 @@ def test_workers_whose_weights_differ_stop_the_run_in_one_line(local_ray, tiny_p
     from evora.strategies import get_strategy
     from evora.strategies.protocol import StrategyContext, fitness_results
 
-    run = compose_run(["strategy=eggroll", "engine=hf", "strategy.population=4", "task.eval_size=8"])
+    run = compose_run(["+experiment=quickstart/eggroll", "engine=hf", "strategy.population=4", "task.eval_size=8"])
     layout = build_layout(
         adaptable_modules(tiny_path),
         rank=1,

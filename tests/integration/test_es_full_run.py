@@ -22,11 +22,17 @@ from evora.tracking.summary import read_summary
 
 pytestmark = pytest.mark.slow
 
-# tuning/tiny_es_full.yaml: layer 1's down_proj. Steps larger than the tuned ones, so that 4
+# quickstart/es_full: layer 1's down_proj. Steps larger than the tuned ones, so that 4
 # generations move the held-out reward (the best is then a moved model, not generation 0's).
 # snapshot_every=3: the 4-generation run writes a snapshot at generation 3, and its first 2
 # generations (the resume test's first part) none.
-ES_FULL = (*SMALL, "strategy=es_full", "strategy.sigma=0.04", "strategy.lr=0.02", "strategy.snapshot_every=3")
+ES_FULL = (
+    *SMALL,
+    "+experiment=quickstart/es_full",
+    "strategy.sigma=0.04",
+    "strategy.lr=0.02",
+    "strategy.snapshot_every=3",
+)
 TWO = (*ES_FULL, "generations=4", "hardware.num_workers=2")  # shared: 2 workers, uninterrupted
 OUTCOMES = ("improvements", "regressions", "both_wrong", "both_right")
 MOVED = "model.layers.1.mlp.down_proj.weight"
@@ -146,7 +152,7 @@ def test_a_worker_evaluates_each_candidate_on_its_own_weights_and_restores_them_
     # sigma 0.05 (~ the weights' std, 0.058): large enough that candidates' greedy completions change.
     run = compose_run(
         [
-            "strategy=es_full",
+            "+experiment=quickstart/es_full",
             f"engine={engine_name}",
             "strategy.sigma=0.05",
             "task.eval_size=12",

@@ -21,9 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("eval-routing")]
 
 # tiny_mix's four families; routing_confidence=0 lets specialists take families (a map with several members)
 ECOLOGY = [
-    "model=tiny_mix",
-    "task=mix",
-    "strategy=ecology",
+    "+experiment=quickstart/ecology_mix",
     "engine=hf",
     "generations=2",
     "eval_every=2",

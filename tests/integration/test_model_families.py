@@ -71,7 +71,11 @@ def assert_reloads_like_reference(model_path: str, adapter: Path, moves: bool = 
 def test_gpt2_ga_runs_on_the_transformers_engine_and_its_adapter_loads_in_peft():
     path = family_path("gpt2")
     run_dir, _ = cli_run(
-        f"model.path={path}", "strategy=ga", "lora.target_modules=auto", "strategy.init_b_std=0.05", *SHORT
+        f"model.path={path}",
+        "+experiment=quickstart/ga",
+        "lora.target_modules=auto",
+        "strategy.init_b_std=0.05",
+        *SHORT,
     )
     config = json.loads((run_dir / "adapters/best/adapter_config.json").read_text())
     assert config["fan_in_fan_out"] is True and set(config["target_modules"]) == {"c_attn", "c_proj", "c_fc"}
@@ -81,7 +85,7 @@ def test_gpt2_ga_runs_on_the_transformers_engine_and_its_adapter_loads_in_peft()
 
 def test_gpt2_es_mean_adapter_reloads_in_peft_like_the_merged_reference():
     path = family_path("gpt2")
-    run_dir, _ = cli_run(f"model.path={path}", "strategy=es", "lora.target_modules=auto", *ES_START)
+    run_dir, _ = cli_run(f"model.path={path}", "+experiment=quickstart/es", "lora.target_modules=auto", *ES_START)
     assert_reloads_like_reference(path, run_dir / "adapters/mean")
 
 
@@ -96,7 +100,13 @@ GRADIENT_RUNS = {
 @pytest.mark.parametrize("strategy", sorted(GRADIENT_RUNS))
 def test_gpt2_runs_every_other_strategy_and_its_adapter_loads_in_peft(strategy):
     path = family_path("gpt2")
-    args = [f"model.path={path}", f"strategy={strategy}", "lora.target_modules=auto", *SHORT, *GRADIENT_RUNS[strategy]]
+    args = [
+        f"model.path={path}",
+        f"+experiment=quickstart/{strategy}",
+        "lora.target_modules=auto",
+        *SHORT,
+        *GRADIENT_RUNS[strategy],
+    ]
     run_dir, _ = cli_run(*args)
     # SFT's cross-entropy moves its trained adapter's B from zero; a random model's rewards (all
     # zero) move nothing, and with no evaluation between generations "best" is the start.
@@ -109,7 +119,7 @@ def test_gpt2_eggroll_exports_a_model_transformers_loads():
     from transformers import AutoModelForCausalLM
 
     path = family_path("gpt2")
-    run_dir, _ = cli_run(f"model.path={path}", "strategy=eggroll", "lora.target_modules=auto", *SHORT)
+    run_dir, _ = cli_run(f"model.path={path}", "+experiment=quickstart/eggroll", "lora.target_modules=auto", *SHORT)
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32)
     assert model.transformer.h[0].attn.c_attn.weight.shape == (64, 192)  # still [in, out]
 
@@ -117,7 +127,7 @@ def test_gpt2_eggroll_exports_a_model_transformers_loads():
 def test_moe_es_with_expert_targets_runs_and_its_adapter_loads_in_peft():
     path = family_path("qwen3_moe")
     targets = "lora.target_modules=[gate_proj,up_proj,down_proj]"
-    run_dir, _ = cli_run(f"model.path={path}", "strategy=es", targets, "lora.layers=null", *ES_START)
+    run_dir, _ = cli_run(f"model.path={path}", "+experiment=quickstart/es", targets, "lora.layers=null", *ES_START)
     tensors = (run_dir / "adapters/mean/adapter_model.safetensors").read_bytes()
     assert b"mlp.experts.3.down_proj.lora_A.weight" in tensors
     assert_reloads_like_reference(path, run_dir / "adapters/mean")
@@ -125,7 +135,9 @@ def test_moe_es_with_expert_targets_runs_and_its_adapter_loads_in_peft():
 
 def test_moe_eggroll_on_attention_runs():
     path = family_path("qwen3_moe")
-    run_dir, _ = cli_run(f"model.path={path}", "strategy=eggroll", "lora.target_modules=[q_proj,o_proj]", *SHORT)
+    run_dir, _ = cli_run(
+        f"model.path={path}", "+experiment=quickstart/eggroll", "lora.target_modules=[q_proj,o_proj]", *SHORT
+    )
     assert (run_dir / "model" / "model.safetensors").is_file()
 
 
@@ -134,7 +146,7 @@ def test_moe_eggroll_on_attention_runs():
     [
         ("gpt2", [], "engine=vllm: vLLM's GPT2LMHeadModel has no LoRA support"),
         ("qwen3_moe", [], "fused-MoE kernels, which vLLM's CPU build lacks"),
-        ("qwen3_moe", ["strategy=eggroll", "engine=hf"], "expert weights are not among those it moves"),
+        ("qwen3_moe", ["+experiment=quickstart/eggroll", "engine=hf"], "expert weights are not among those it moves"),
     ],
 )
 def test_what_cannot_run_ends_before_ray_in_one_line(name, extra, message, tmp_path):

@@ -54,6 +54,7 @@ def test_hostile_user_rewards_are_bounded_counted_and_the_run_finishes():
     out = fresh_out()
     result = run_evora(
         [
+            "+experiment=quickstart/es",
             *SMALL,
             "generations=2",
             "engine=hf",
@@ -83,7 +84,14 @@ def test_hostile_user_rewards_are_bounded_counted_and_the_run_finishes():
 def test_a_diverging_update_stops_in_one_line_before_its_checkpoint():
     out = fresh_out()  # an lr that overflows float32 on the first update
     result = run_evora(
-        [*SMALL, "generations=3", "engine=hf", "strategy.lr=1e300", f"tracking.out_dir={out}"],
+        [
+            "+experiment=quickstart/es",
+            *SMALL,
+            "generations=3",
+            "engine=hf",
+            "strategy.lr=1e300",
+            f"tracking.out_dir={out}",
+        ],
         cwd=out,
     )
     line = one_error_line(result, 1, "generation 1: the update made", "non-finite", "strategy.lr=1e+300")
@@ -155,7 +163,7 @@ def test_vllm_not_installed_is_one_line_before_ray():
 # --- interrupts -------------------------------------------------------------------------------
 
 # Six generations: the interrupt after the first must land well before the run would end.
-INTERRUPTED_RUN = (*SMALL, "generations=10", "engine=hf", "hardware.num_workers=2")
+INTERRUPTED_RUN = ("+experiment=quickstart/es", *SMALL, "generations=10", "engine=hf", "hardware.num_workers=2")
 # The interrupted runs are niced: on a loaded machine the test that reads their output must not
 # fall so far behind that the run has finished before the test sees generation 1 and interrupts.
 NICE = 10
@@ -310,7 +318,14 @@ def test_a_worker_killed_for_memory_stops_the_run_in_one_line_instead_of_being_r
     into a memory cgroup of 1 MiB, and its next allocation has it killed. A replacement would
     die alike: the run stops (exit 1) in one line naming the killer, its checkpoint kept."""
     out = fresh_out()
-    args = [*SMALL, "engine=hf", "hardware.num_workers=1", "generations=10", f"tracking.out_dir={out}"]
+    args = [
+        "+experiment=quickstart/es",
+        *SMALL,
+        "engine=hf",
+        "hardware.num_workers=1",
+        "generations=10",
+        f"tracking.out_dir={out}",
+    ]
     process = subprocess.Popen(
         evora_cmd(*args, "tracking.progress=false"), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -19,6 +19,7 @@ from evora.tracking.summary import read_summary
 pytestmark = pytest.mark.slow
 
 SAMPLED = (
+    "+experiment=quickstart/es",
     *SMALL,
     "task.temperature=1.0",
     "task.samples=4",

@@ -28,7 +28,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "launch" / "slurm.sbatch"
 BIN = Path(sys.executable).parent  # evora and ray beside this Python
-RUN = ("hardware=multinode_cpu", "hardware.num_workers=1", "tracking.progress=false", *SMALL)
+RUN = (
+    "hardware=multinode_cpu",
+    "hardware.num_workers=1",
+    "tracking.progress=false",
+    "+experiment=quickstart/es",
+    *SMALL,
+)
 
 
 def slurm_conf(folder: Path, controller: str, nodes: list[tuple[str, str | None]]) -> str:

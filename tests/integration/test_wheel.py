@@ -66,7 +66,7 @@ def test_the_wheel_in_a_new_venv_runs_the_quickstart_and_doctor_from_another_fol
     evora = str(python.parent / "evora")
     # engine=hf, one worker: what the wheel carries is the point, not the engine (a private Ray: its
     # workers run the new venv's interpreter, as the command's own process does).
-    quickstart = [*SMALL, "generations=2", "engine=hf", "hardware.num_workers=1"]
+    quickstart = ["+experiment=quickstart/es", *SMALL, "generations=2", "engine=hf", "hardware.num_workers=1"]
     command = [evora, "tracking.progress=false", *quickstart, f"tracking.out_dir={elsewhere / 'runs'}"]
     run = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

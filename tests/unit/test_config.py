@@ -13,12 +13,27 @@ from evora.strategies import get_strategy
 from evora.strategies.es import ESConfig
 
 
-def test_default_is_the_quickstart():
+def test_the_default_is_the_tiny_model_and_the_quickstart_is_a_named_experiment():
     run = compose_run([])
     assert isinstance(run, RunConfig) and isinstance(run.strategy, ESConfig)
     assert run.model.path == "evora:tiny" and run.hardware.name == "cpu" and run.engine.name == "vllm"
-    assert run.task.name == "addition"
-    assert run.lora.target_modules == ["down_proj"]  # from tuning/tiny_es.yaml
+    assert run.task.name == "addition" and run.lora.target_modules == "auto" and run.strategy.sigma == 0.001
+    quickstart = compose_run(["+experiment=quickstart/es"])  # `make run`
+    assert quickstart.lora.target_modules == ["down_proj"] and quickstart.lora.layers == [1]
+    assert (quickstart.strategy.sigma, quickstart.strategy.optimizer) == (0.3, "adam")
+    assert dataclasses.replace(quickstart, lora=run.lora, strategy=run.strategy) == run  # nothing else
+
+
+@pytest.mark.parametrize("strategy", sorted(group_options("strategy")))
+def test_each_strategy_has_a_quickstart_experiment_on_the_tiny_model(strategy):
+    run = compose_run([f"+experiment=quickstart/{strategy}"])
+    assert (run.model.name, run.strategy.name, run.name) == ("tiny", strategy, f"tiny_addition_{strategy}")
+
+
+def test_the_ecologys_niches_are_an_experiment_on_the_tiny_mixture():
+    mix = compose_run(["+experiment=quickstart/ecology_mix"])
+    assert (mix.model.name, mix.task.name, mix.strategy.name) == ("tiny_mix", "mix", "ecology")
+    assert mix.task.families["arithmetic"] == 0 and mix.strategy.episode_fee == 0.3  # model_task/, the experiment
 
 
 def test_paper_defaults_in_strategy_es():
@@ -50,20 +65,21 @@ def test_what_follows_an_experiment_overrides_it():
     assert (run.model.name, es.name, es.sigma, es.lr) == ("qwen2_5_3b", "es_full", 0.002, 5e-4)
 
 
-REAL_MODELS = sorted(set(group_options("model")) - {"tiny", "tiny_mix"})
+MODELS = sorted(group_options("model"))
 
 
 @pytest.mark.parametrize("strategy", sorted(group_options("strategy")))
-def test_no_real_models_settings_change_with_its_model_and_strategy_unless_an_experiment_is_named(strategy):
-    """What a real model changes is its own group (`model.*`) and the run's name; the paper's
-    settings come only with `+experiment=qiu2025/...`."""
+def test_no_models_settings_change_with_its_model_and_strategy_unless_an_experiment_is_named(strategy):
+    """What a model changes is its own group (`model.*`) and the run's name, the bundled tiny
+    ones' too; tuned or published settings come only with `+experiment=...` (quickstart/...,
+    qiu2025/...)."""
 
     def settings(model: str) -> dict:
         run = dataclasses.asdict(compose_run([f"model={model}", f"strategy={strategy}", "engine=hf"]))
         return {k: v for k, v in run.items() if k not in ("model", "name")}
 
-    reference = settings(REAL_MODELS[0])
-    assert all(settings(model) == reference for model in REAL_MODELS[1:])
+    reference = settings(MODELS[0])
+    assert all(settings(model) == reference for model in MODELS[1:])
     assert reference["generations"] == 30 and reference["task"]["data_path"] is None  # conf/config.yaml's, task's
 
 

@@ -224,7 +224,7 @@ def test_tell_leaves_the_previous_state_untouched():
 )
 def test_bad_ecology_input_is_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError) as error:
-        compose_run(["strategy=ecology", "task=mix", *override.split(" ")])
+        compose_run(["+experiment=quickstart/ecology", "task=mix", *override.split(" ")])
     assert message in str(error.value) and "\n" not in str(error.value)
 
 

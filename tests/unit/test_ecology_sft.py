@@ -98,12 +98,12 @@ def results_with_texts(specs, ctx: TrainingContext, wrong: set[int]) -> Generati
 )
 def test_bad_self_training_settings_are_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError) as error:
-        compose_run(["strategy=ecology", "task=mix", "strategy.plasticity=sft", *override.split(" ")])
+        compose_run(["+experiment=quickstart/ecology", "task=mix", "strategy.plasticity=sft", *override.split(" ")])
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
 def test_only_plasticity_sft_keeps_texts_and_refines_and_it_asks_no_probes():
-    compose_run(["strategy=ecology", "task=mix", "strategy.plasticity=sft"])  # valid as it is
+    compose_run(["+experiment=quickstart/ecology", "task=mix", "strategy.plasticity=sft"])  # valid as it is
     for cfg, expected in [
         (SFT, True),
         (EcologyConfig(), False),

@@ -193,7 +193,7 @@ def test_an_odd_population_is_fine_without_pairs():
 def test_the_shipped_yaml_composes_with_the_papers_defaults():
     entry = get_strategy("es_full")
     assert entry.kind == FULL_WEIGHT and entry.in_place and entry.center == "delta"
-    # A model without a tuning/<model>_es_full.yaml: the strategy's own yaml, the paper's values.
+    # No experiment named: the strategy's own yaml, the paper's values.
     run = compose_run(["strategy=es_full", "model=qwen2_5_0_5b"])
     assert run.strategy == EsFullConfig()
     assert (run.strategy.population, run.strategy.sigma, run.strategy.lr) == (30, 0.001, 5e-4)
@@ -238,7 +238,7 @@ def test_the_plan_puts_the_master_copies_on_the_gpu_when_they_fit_beside_the_eng
     from evora.plan.run_plan import model_layout
 
     def placed(*overrides: str) -> tuple[str, int]:
-        run = compose_run(["strategy=es_full", *overrides])
+        run = compose_run(["+experiment=quickstart/es_full", *overrides])
         path = locate_model(run.model.path).path
         modules = model_modules(path)
         memory = plan_memory(run, modules, model_layout(run, modules, path))

@@ -630,7 +630,7 @@ def test_lineage_records():
 
 
 def test_ga_config_composes():
-    run = compose_run(["strategy=ga"])
+    run = compose_run(["+experiment=quickstart/ga"])
     assert isinstance(run.strategy, GAConfig)
 
 
@@ -655,13 +655,13 @@ def test_ga_config_composes():
 )
 def test_bad_ga_configs_fail_with_one_line(overrides, message):
     with pytest.raises(ConfigError) as error:
-        compose_run(["strategy=ga", *overrides.split(" ")])
+        compose_run(["+experiment=quickstart/ga", *overrides.split(" ")])
     assert message in str(error.value), str(error.value)
     assert "\n" not in str(error.value)
 
 
 def test_seed_encoding_without_crossover_is_valid():
-    run = compose_run(["strategy=ga", "strategy.encoding=seeds", "strategy.crossover_rate=0"])
+    run = compose_run(["+experiment=quickstart/ga", "strategy.encoding=seeds", "strategy.crossover_rate=0"])
     assert run.strategy.encoding == "seeds"
 
 

@@ -23,10 +23,27 @@ from evora.tracking.run_dir import config_dict
 
 RUNS = [
     [],
-    ["strategy=ga", "seed=3", "generations=7", "strategy.mutation_scale=0.0125", "lora.target_modules=[q_proj,v_proj]"],
+    [
+        "+experiment=quickstart/ga",
+        "seed=3",
+        "generations=7",
+        "strategy.mutation_scale=0.0125",
+        "lora.target_modules=[q_proj,v_proj]",
+    ],
     ["engine=hf", "task=countdown", "name='it\\'s a \"run\"'", "lora.rank=8", "lora.layers=[0,1]"],
-    ["strategy=eggroll", "strategy.population=6", "tracking=wandb", "tracking.wandb_project=p q", "eval_every=0"],
-    ["strategy=ecology", "task.max_tokens=12", "task.fitness=reward - 0.1 * tokens", "hardware.num_workers=1"],
+    [
+        "+experiment=quickstart/eggroll",
+        "strategy.population=6",
+        "tracking=wandb",
+        "tracking.wandb_project=p q",
+        "eval_every=0",
+    ],
+    [
+        "+experiment=quickstart/ecology",
+        "task.max_tokens=12",
+        "task.fitness=reward - 0.1 * tokens",
+        "hardware.num_workers=1",
+    ],
 ]
 
 
@@ -51,7 +68,7 @@ def test_a_users_own_names_reproduce_as_keys_on_the_default_options():
 
 def test_the_command_is_made_where_hydra_runs_already():
     """PBT's finish runs in the CLI's process, inside its @hydra.main on the same config folder."""
-    run = compose_run(["strategy=ga", "seed=4"], validated=False)
+    run = compose_run(["+experiment=quickstart/ga", "seed=4"], validated=False)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         words = shlex.split(reproduce_command(run))
         assert config_dict(compose_run(words[1:], validated=False)) == config_dict(run)

@@ -30,7 +30,7 @@ from evora.training.lora_spec import LoraSpec
 
 @pytest.fixture(scope="module")
 def pbt_run():
-    return compose_run(["strategy=pbt"])
+    return compose_run(["+experiment=quickstart/pbt"])
 
 
 # --- explore ------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def test_explore_keeps_every_hyperparameter_within_the_search_space(pbt_run):
 
 def test_explore_scales_and_clamps_the_learning_rate():
     space = replace(
-        compose_run(["strategy=pbt"]).strategy,
+        compose_run(["+experiment=quickstart/pbt"]).strategy,
         mutation_probability=1.0,
         resample_probability=0.0,
         lr_factors=[2.0],
@@ -179,7 +179,7 @@ HP = {"rank": 8, "alpha_multiplier": 2.0, "learning_rate": 3e-3, "dropout": 0.0,
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_path):
-    return compose_run(["strategy=pbt", f"model.path={tiny_path}", "task.train_size=64"])
+    return compose_run(["+experiment=quickstart/pbt", f"model.path={tiny_path}", "task.train_size=64"])
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +328,7 @@ def _results(log, rows):
 def test_rounds_are_logged_when_every_member_reported_them_and_once_after_a_restore(tmp_path, monkeypatch):
     scored = iter([2 * 1000 * 50, 2 * 1000 * 90, 2 * 1000 * 30])  # the service's search scoring so far
     monkeypatch.setattr(records, "scoring_flops", lambda service, parameters: next(scored))
-    run = compose_run(["strategy=pbt", "strategy.population=2"])
+    run = compose_run(["+experiment=quickstart/pbt", "strategy.population=2"])
     log = RoundLog(run, str(tmp_path), parameters=1000, service="unused")
     stored = pickle.dumps(log)  # as Tune stores it with the experiment, before the first result
     _results(log, ROWS[:1])
@@ -392,5 +392,5 @@ def test_tunes_encoding_becomes_the_trainers_typed_lora(tiny_run, tiny_path, tin
 )
 def test_bad_search_spaces_are_rejected(override, message):
     with pytest.raises(ConfigError) as error:
-        compose_run(["strategy=pbt", override])
+        compose_run(["+experiment=quickstart/pbt", override])
     assert message in str(error.value) and "\n" not in str(error.value)
