@@ -31,7 +31,7 @@ def three_nodes() -> Iterator[Cluster]:
     body of a module-scoped fixture)."""
     if ray.is_initialized():
         ray.shutdown()
-    # Ray's workers import the test modules (test_cluster's Probe) and conftest by name; the
+    # Ray's workers import the test modules (ray_probe's Probe) and conftest by name; the
     # nodes pass this on to them.
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), saved]))

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ray.util.state import list_actors
 from ray_cluster import GPUS_PER_NODE, assert_same_result, finish, live_workers, logged, start_on, three_nodes, wait_for
+from ray_probe import Probe
 from safetensors.torch import load_file
 
 from conftest import ROOT, SMALL, cli_run, only_run_dir, run_evora
@@ -46,32 +46,6 @@ def cluster():
 
 
 # --- placement ----------------------------------------------------------------------------
-
-
-@ray.remote(num_gpus=1, num_cpus=0)
-def shard_gpu() -> tuple[str, list]:
-    return ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()
-
-
-class Probe:
-    """Stands where an EngineWorker would, and reports what Ray gave it."""
-
-    def where(self) -> dict:
-        group = ray.util.get_current_placement_group()
-        shards = []
-        if group is not None:  # as vLLM's Ray executor does: one shard per bundle of the worker's group
-            shards = ray.get(
-                [
-                    shard_gpu.options(
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
-                    ).remote()
-                    for i in range(len(group.bundle_specs))
-                ]
-            )
-        return {"node": ray.get_runtime_context().get_node_id(), "gpus": ray.get_gpu_ids(), "shards": shards}
-
-    def environment(self, names: list[str]) -> dict:
-        return {name: os.environ.get(name) for name in names}
 
 
 def placed(*overrides: str) -> list[dict]:

@@ -28,10 +28,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "launch" / "slurm.sbatch"
 BIN = Path(sys.executable).parent  # evora and ray beside this Python
+# engine=hf: the batch script, Ray's start on SLURM and resume are the point, not the engine.
 RUN = (
     "hardware=multinode_cpu",
     "hardware.num_workers=1",
     "tracking.progress=false",
+    "engine=hf",
     "+experiment=quickstart/es",
     *SMALL,
 )
@@ -193,7 +195,7 @@ def test_a_run_cancelled_mid_run_resumes_through_the_script_and_finishes_in_its_
     ports, temp and scratch folders) runs to its end beside it; neither a cancelled job nor a
     finished one leaves its scratch or Ray folder behind."""
     runs = tmp_path / "runs"
-    submitted = sbatch(slurm, tmp_path, *RUN, "generations=6", f"tracking.out_dir={runs}", wait=False)
+    submitted = sbatch(slurm, tmp_path, *RUN, "generations=10", f"tracking.out_dir={runs}", wait=False)
     job = submitted.stdout.strip().split(";")[0]
     assert submitted.returncode == 0 and job, submitted.stderr
 
@@ -206,7 +208,7 @@ def test_a_run_cancelled_mid_run_resumes_through_the_script_and_finishes_in_its_
     wait_until(lambda: not job_listed(slurm, job), "the cancelled job's end")
     run_dir = only_run_dir(runs)
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
-    assert len(read_metrics(run_dir)) < 7  # stopped before the end
+    assert len(read_metrics(run_dir)) < 11  # stopped before the end
     assert not Path(f"/dev/shm/evora-job-{job}").exists() and not Path(f"/tmp/ray-evora-{job}").exists()
     resumed = sbatch(slurm, tmp_path, f"resume={run_dir}", wait=False)
     resumed_job = resumed.stdout.strip().split(";")[0]
@@ -223,8 +225,8 @@ def test_a_run_cancelled_mid_run_resumes_through_the_script_and_finishes_in_its_
     log = (tmp_path / "job.log").read_text()
     assert "evora: error" not in log, log[-4000:]
     assert "evora on SLURM job" in log and "Ray head" in log
-    assert [r["generation"] for r in read_metrics(run_dir)] == list(range(7))
-    assert json.loads((run_dir / "eval" / "summary.json").read_text())["generations"] == 6
+    assert [r["generation"] for r in read_metrics(run_dir)] == list(range(11))
+    assert json.loads((run_dir / "eval" / "summary.json").read_text())["generations"] == 10
     assert (run_dir / "adapters" / "best" / "README.md").is_file()
 
 
@@ -248,7 +250,7 @@ def test_a_run_spans_two_nodes_with_a_worker_on_each(two_nodes, tmp_path):
     and no scratch or Ray folder of the job is left."""
     env, namespaces = two_nodes
     runs = tmp_path / "runs"
-    args = ("hardware=multinode_cpu", "hardware.num_workers=2", *RUN[2:], "engine=hf", "generations=3")
+    args = ("hardware=multinode_cpu", "hardware.num_workers=2", *RUN[2:], "generations=3")
     args += (f"tracking.out_dir={runs}",)
     submitted = sbatch(env, tmp_path, *args, wait=False, nodes=2)
     job = submitted.stdout.strip().split(";")[0]
