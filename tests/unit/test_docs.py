@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,18 @@ def test_the_site_builds_strictly(tmp_path):
     page = (tmp_path / "site" / "strategies" / "es" / "index.html").read_text()
     assert "strategy.sigma" in page and "noise standard deviation" in page  # the generated settings table
     assert "evora.api.run" in (tmp_path / "site" / "api" / "index.html").read_text()  # from the docstrings
+
+
+def test_the_configuration_pages_table_lists_every_option_of_every_group():
+    """Each group's files in conf/ (not group_options, which adds strategies registered in this
+    process: another test's plugin)."""
+    from evora.plan.compose import GROUPS
+
+    rows = {}
+    for line in (ROOT / "docs" / "configuration.md").read_text().splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| `") and len(cells) == 3:
+            rows[cells[0].strip("| `")] = set(re.findall(r"`([\w.]+)`", cells[1]))
+    assert set(rows) == set(GROUPS)
+    for group in GROUPS:
+        assert rows[group] == {p.stem for p in (CONF / group).glob("*.yaml")} - {"schema"}, group
