@@ -128,6 +128,9 @@ SMALL = [
     "task.eval_size=64",
     "eval_every=2",
 ]
+# The es-run group's run (test_cli, test_benchmarks, test_serve share it): the quickstart's ES, small,
+# on two workers.
+ES_RUN = ("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
 
 
 def fresh_run(*args: str) -> tuple[Path, str]:

@@ -17,7 +17,7 @@ import lm_eval
 import pytest
 from lm_eval.tasks import TaskManager
 
-from conftest import SMALL, TINY, cli_run, run_evora
+from conftest import ES_RUN, SMALL, TINY, cli_run, run_evora
 from evora.engines.vllm_patches import install_cpu_distribution_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("es-run")]
@@ -41,7 +41,7 @@ def lm_evals_own(model: str, model_args: dict) -> dict:
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_the_benchmark_table_equals_lm_evals_own_numbers(engine, tmp_path):
-    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run(*ES_RUN)
     adapter = run_dir / "adapters" / "best"
     result = run_evora(
         ["eval", f"adapter={adapter}", f"benchmarks=[{TASK}]", f"benchmarks_path={TASKS}", f"engine={engine}"]

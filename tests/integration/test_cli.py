@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SMALL, cli_run, fresh_run, only_run_dir, resume_run, run_evora
+from conftest import ES_RUN, SMALL, cli_run, fresh_run, only_run_dir, resume_run, run_evora
 from evora.analysis import plots
 from evora.tracking.checkpoint import load
 from evora.tracking.metrics import read_metrics
@@ -65,7 +65,7 @@ def test_bad_input_fails_in_one_line_before_ray_starts(override, key, tmp_path):
 
 @pytest.mark.xdist_group("es-run")
 def test_run_folder_outputs_and_console(tmp_path):
-    run_dir, stdout = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, stdout = cli_run(*ES_RUN)
     assert (run_dir / "config.yaml").is_file()
     records = read_metrics(run_dir)
     assert [r["generation"] for r in records] == [0, 1, 2, 3]
@@ -113,7 +113,7 @@ def test_exported_adapters_load_in_peft(tiny_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run(*ES_RUN)
     for name in ("mean", "best"):
         model = PeftModel.from_pretrained(
             AutoModelForCausalLM.from_pretrained(tiny_path), str(run_dir / "adapters" / name)
@@ -130,7 +130,7 @@ def test_one_worker_resumed_on_three_gives_bitwise_the_run_of_two_workers_throug
     generation 3, against two workers uninterrupted (hardware may change on resume). ES's update
     is summed on the workers (strategies/noise_sums.py): its groups land on different workers in
     each run, and the driver adds them in the same order."""
-    two, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
+    two, _ = cli_run(*ES_RUN)
     part, _ = fresh_run("+experiment=quickstart/es", *SMALL, "generations=2", "hardware.num_workers=1")
     resumed = resume_run(part, "generations=3", "hardware.num_workers=3", "hardware.cpus_per_worker=0.5")
     assert "resumed at generation 2" in resumed
@@ -146,14 +146,7 @@ def test_one_worker_resumed_on_three_gives_bitwise_the_run_of_two_workers_throug
 def test_whole_units_give_each_worker_its_share_in_one_generate_call():
     """engine.units=whole: 8 candidates on 2 workers are 2 calls of 4 (vLLM keeping max_loras=2
     in flight), where fixed units make 4 calls of 2; every candidate is scored."""
-    run, _ = cli_run(
-        "+experiment=quickstart/es",
-        *SMALL,
-        "generations=3",
-        "hardware.num_workers=2",
-        "engine.max_loras=2",
-        "engine.units=whole",
-    )
+    run, _ = cli_run(*ES_RUN, "engine.max_loras=2", "engine.units=whole")
     records = read_metrics(run)[1:]
     assert [r["units"] for r in records] == [2, 2, 2]
     assert all(math.isfinite(r["reward_mean"]) and r["tokens"] > 0 for r in records)
@@ -162,7 +155,7 @@ def test_whole_units_give_each_worker_its_share_in_one_generate_call():
 
 @pytest.mark.xdist_group("es-run")
 def test_resume_refuses_to_change_the_trajectory(tmp_path):
-    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run(*ES_RUN)
     result = run_evora([f"resume={run_dir}", "strategy.sigma=0.5"], cwd=tmp_path)
     assert result.returncode == 2
     assert "strategy.sigma: cannot change when resuming" in result.stderr
@@ -173,7 +166,7 @@ def test_resume_refuses_to_change_the_trajectory(tmp_path):
 
 @pytest.mark.xdist_group("es-run")
 def test_eval_compare_writes_both_reports_and_agrees_with_the_run(tmp_path):
-    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run(*ES_RUN)
     result = run_evora(
         ["eval", f"adapter={run_dir / 'adapters' / 'best'}", "compare=true", "hardware.num_workers=1"], cwd=tmp_path
     )
@@ -305,9 +298,8 @@ def test_bad_ga_configs_fail_before_ray(tmp_path):
 
 
 def test_ga_quickstart_improves_heldout_reward():
-    run_dir, stdout = cli_run(
-        "+experiment=quickstart/ga", "engine=hf"
-    )  # the GA's learning is the point, not the engine
+    # The GA's learning is the point, not the engine.
+    run_dir, stdout = cli_run("+experiment=quickstart/ga", "engine=hf")
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     validate_summary(summary)
     assert summary["best"]["reward"] > summary["base"]["reward"] + 0.2, summary
@@ -436,7 +428,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
     "args,expected",
     [
         pytest.param(
-            ("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2"),
+            ES_RUN,
             {"reward", "timing"},
             id="es",
             marks=pytest.mark.xdist_group("es-run"),
@@ -494,7 +486,7 @@ def test_analyze_real_runs_writes_every_plot_and_a_report(args, expected, tmp_pa
 
 @pytest.mark.xdist_group("es-run")
 def test_runs_list_shows_real_runs_and_their_status(tmp_path):
-    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run(*ES_RUN)
     result = run_evora(["runs", "list", "--dir", str(run_dir.parent)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert run_dir.name[:19] in result.stdout and "finished" in result.stdout

@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
 
-from conftest import SMALL, cli_run, evora_cmd, free_port
+from conftest import ES_RUN, cli_run, evora_cmd, free_port
 from evora.distributed.worker_spec import resolve_task
 from evora.models import locate_model
 from evora.plan.overlay import saved_run_config
@@ -39,7 +39,7 @@ def started(server: subprocess.Popen, log: list[str], limit_s: float = 600) -> b
 
 
 def test_the_server_answers_with_the_runs_own_held_out_completions(tmp_path):
-    run_dir, _ = cli_run("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")
+    run_dir, _ = cli_run(*ES_RUN)
     printed = subprocess.run(evora_cmd("serve", str(run_dir), "--print"), capture_output=True, text=True, cwd=tmp_path)
     assert printed.returncode == 0, printed.stderr
     assert "-m vllm.entrypoints.openai.api_server" in printed.stdout and "--lora-modules" in printed.stdout
