@@ -227,30 +227,10 @@ def benchmark(run: Any, adapter: str | None, options: dict[str, str], out: Path)
     tasks = [t.strip() for t in options["benchmarks"].strip("[]").split(",") if t.strip()]
     if not tasks:
         raise ConfigError(f"benchmarks={options['benchmarks']}: tasks as [a,b]")
-    lm_eval_options = LmEvalOptions(
-        limit=_count(options, "limit"),
-        num_fewshot=_count(options, "num_fewshot"),
-        apply_chat_template=_flag(options, "apply_chat_template"),
-        log_samples=_flag(options, "log_samples"),
-    )
+    lm_eval_options = LmEvalOptions.of(options)
     if run.engine.name == "vllm":  # lm-eval's vLLM engine runs in this process: the environment evora's engines get
         os.environ.update(engine_environment("vllm", engine_spec(run, locate_model(run.model.path).path)))
     return run_benchmarks(run, adapter, tasks, out, options.get("benchmarks_path"), lm_eval_options)
-
-
-def _count(options: dict[str, str], key: str) -> int | None:
-    """An eval option that is a count (0 or more), or None where it is not given."""
-    value = options.get(key)
-    if value is not None and not value.isdigit():
-        raise ConfigError(f"{key}={value}: a count (0, 1, 2, ...)")
-    return int(value) if value is not None else None
-
-
-def _flag(options: dict[str, str], key: str) -> bool:
-    value = options.get(key, "false").lower()
-    if value not in ("true", "false"):
-        raise ConfigError(f"{key}={value}: allowed: true, false")
-    return value == "true"
 
 
 def _print_eval(report: dict[str, Any]) -> None:
