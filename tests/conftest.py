@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def started(server: subprocess.Popen, log: list[str], limit_s: float = 600) -> bool:
+    """Whether the server finished starting (uvicorn's line) within `limit_s`; its output goes to
+    `log` meanwhile, read by a thread so that the pipe never fills."""
+    up = threading.Event()
+
+    def read() -> None:
+        for line in server.stdout:  # type: ignore[union-attr]  # stdout=PIPE
+            log.append(line)
+            if "Application startup complete" in line:
+                up.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    return up.wait(limit_s)
 
 
 def evora_cmd(*args: str) -> list[str]:

@@ -7,6 +7,8 @@ import ctypes
 import os
 import time
 
+import evora
+
 
 def _fair(completion: str, example) -> float:
     return 1.0 if completion.strip() == example.answer else 0.0
@@ -49,3 +51,17 @@ def mixed(completion: str, example) -> float:
 def its_pid(completion: str, example) -> float:
     """The reward process's pid (a test kills the pool's processes between calls)."""
     return float(os.getpid())
+
+
+@evora.batch_reward
+def batch_pids(completions: list[str], examples: list) -> list[float]:
+    """Each completion's reward is the pid of the process that scored its batch."""
+    return [float(os.getpid())] * len(completions)
+
+
+@evora.batch_reward
+def batch_raising_on_23(completions: list[str], examples: list) -> list[float]:
+    """Fair, except that a batch holding a sum divisible by 23 raises (the whole batch fails)."""
+    if any(int(e.answer) % 23 == 0 for e in examples):
+        raise ValueError("a sum divisible by 23")
+    return [_fair(c, e) for c, e in zip(completions, examples)]

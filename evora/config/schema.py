@@ -41,6 +41,44 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class JudgeConfig:
+    """task.reward=judge: an LLM judge behind an OpenAI-compatible server (vLLM's, TGI's, a hosted API)."""
+
+    url: Optional[str] = None  # the server's base URL, e.g. http://judge-host:8000/v1
+    model: Optional[str] = None  # the served model's name
+    api: str = "chat"  # chat: /chat/completions (the template is the user turn) | completions: /completions
+    api_key_env: str = "EVORA_JUDGE_API_KEY"  # the environment variable holding the key ("none" when unset)
+    template: str = (
+        "Rate the response to the question from 0 to 10, where 10 is a correct and helpful answer.\n\n"
+        "Question: {prompt}\n\nReference answer: {answer}\n\nResponse: {completion}\n\n"
+        "Reply with the score only."
+    )
+    score_pattern: str = r"-?\d+(?:\.\d+)?"  # the first match (its first group, if it has one) is the score
+    score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])  # a score outside it is invalid
+    correct_at: Optional[float] = None  # a score at least this is correct; null: the top of score_range
+    choices: list[str] = field(default_factory=list)  # vLLM's structured outputs: the answer is one of these
+    max_tokens: int = 16
+    temperature: float = 0.0
+    concurrency: int = 32  # requests in flight per engine worker
+    retries: int = 2  # the OpenAI client's retries, with its exponential back-off (connection errors, 408, 429, 5xx)
+    timeout_s: float = 30.0  # deadline of one request (each try)
+    max_error_rate: float = 0.1  # a generation whose failed share of rewards passes this stops the run
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """task.reward=reward_model: a sequence-classification model scored on the engine worker's device."""
+
+    path: Optional[str] = None  # a hub id or a local folder (AutoModelForSequenceClassification)
+    revision: Optional[str] = None
+    label: int = 0  # which logit is the reward (0 for the usual one-logit reward model)
+    batch_size: int = 32
+    dtype: str = "auto"  # auto: bfloat16 on GPUs, float32 on CPUs | float32 | bfloat16 | float16
+    max_length: int = 1024  # prompt + completion tokens scored (truncated from the left)
+    correct_at: float = 0.0  # a reward at least this counts as correct
+
+
+@dataclass(frozen=True)
 class TaskConfig:
     name: str = "addition"  # a registered task, or a class path like mypkg.tasks:MyTask
     train_size: int = 2048
@@ -53,7 +91,11 @@ class TaskConfig:
     dataset_config: Optional[str] = None
     prompt_format: str = "auto"  # auto: the chat template when the tokenizer has one | chat | plain
     system_prompt: Optional[str] = None
-    reward: Optional[str] = None  # a user's reward function, mypkg.rewards:score
+    # judge | reward_model | a user's reward function, mypkg.rewards:score (or one decorated with
+    # @evora.batch_reward, which scores a batch: score_batch(completions, examples) -> list[float])
+    reward: Optional[str] = None
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     scorer: str = "exact"  # jsonl task: exact | numeric | fuzzy | regex | contains | choice
     prompt_field: str = "prompt"  # jsonl task
     answer_field: str = "answer"  # jsonl task
@@ -70,9 +112,13 @@ class TaskConfig:
     eval_top_p: float = 1.0
     eval_samples: int = 1
     eval_k: Optional[int] = None
-    reward_penalty: float = 0.0  # score of a completion whose user reward raised, hung or crashed
+    # A completion whose reward failed (a user reward raised, hung or crashed; a judge did not
+    # answer, or answered no score): null leaves its cell out of the fitness and the metrics
+    # (counted); a number scores it that.
+    reward_penalty: Optional[float] = None
     reward_timeout_s: float = 10.0  # deadline of one user reward call
     reward_workers: int = 2  # reward processes per engine worker (user rewards)
+    reward_batch_size: int = 64  # a batched user reward: completions per call (each call with the deadline)
     reward_memory_mb: Optional[int] = 4096  # address-space limit of a reward process; null: none
     split: str = "shuffled"  # shuffled: seeded shuffle | ordered: train from the data's head, held-out from its tail
     number_rule: str = "all_exactly_once"  # countdown: all_exactly_once (the paper) | at_most_once

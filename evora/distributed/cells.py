@@ -78,6 +78,7 @@ class CellValues:
     correct: list[Any]  # bool with one sample a cell; else the aggregate's correctness in [0, 1]
     tokens: list[Any]  # generated tokens: int with one sample; else the mean over the samples
     correct_counts: list[int] | None  # with several samples: how many were correct (pass@k)
+    failed: list[bool]  # a reward of the cell failed: the cell is left out (task.reward_penalty null)
 
 
 def cell_values(
@@ -86,11 +87,13 @@ def cell_values(
     correct: Sequence[bool],
     tokens: Sequence[int],
     answers: Sequence[str | None] | None,
+    failed: Sequence[bool],
 ) -> CellValues:
-    """The per-sample scores of a unit's requests, aggregated per cell."""
+    """The per-sample scores of a unit's requests, aggregated per cell. A cell any of whose
+    samples' rewards failed is failed: its aggregate would count a score nobody gave."""
     n = decoding.samples
     if n == 1:
-        return CellValues(list(rewards), list(correct), list(tokens), None)
+        return CellValues(list(rewards), list(correct), list(tokens), None, list(failed))
     spans = [slice(start, start + n) for start in range(0, len(rewards), n)]
     outcomes = [
         aggregate(decoding.aggregate, rewards[s], correct[s], None if answers is None else answers[s], decoding.k)
@@ -101,6 +104,7 @@ def cell_values(
         [o.correct for o in outcomes],
         [float(np.mean(tokens[s])) for s in spans],
         [int(sum(correct[s])) for s in spans],
+        [any(failed[s]) for s in spans],
     )
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import ray
 
 from evora.distributed.pool import WorkerPool
+from evora.distributed.reward_failures import FailureBudget, check_reward_failures
 from evora.distributed.units import EVAL_CHUNK, chunks
 from evora.distributed.worker import UnitResult, WorkUnit
 from evora.distributed.worker_spec import WorkerSpec
@@ -18,6 +19,7 @@ from evora.lora.layout import AdapterLayout
 from evora.strategies.protocol import BASE, CENTER, CandidateSpec, EvalPayload, Tensors, prompts_of
 from evora.tasks.aggregate import pass_at_k
 from evora.tasks.decoding import eval_decoding
+from evora.tasks.scores import RewardCounts
 from evora.tracking.compute import Spend
 
 
@@ -118,8 +120,7 @@ def merged(parts: list[UnitResult]) -> UnitResult:
         correct_counts=optional([p.correct_counts for p in parts]),
         texts=texts,
         evaluated=None if evaluated.all() else evaluated,
-        reward_errors=sum(p.reward_errors for p in parts),
-        reward_timeouts=sum(p.reward_timeouts for p in parts),
+        reward=RewardCounts.total([p.reward for p in parts]),
         timings={k: sum(p.timings[k] for p in parts) for k in first.timings},
         tokens_prompt=sum(p.tokens_prompt for p in parts),
         tokens_generated=sum(p.tokens_generated for p in parts),
@@ -152,14 +153,17 @@ class SplitOutcome:
     correct_counts: np.ndarray | None = None  # per example: correct samples, when it was sampled several times
     samples: int = 1
     k: int = 1  # the k of the pass@k it reports (task.eval_k)
+    scored: np.ndarray | None = None  # per example: False where its reward failed (left out); None: all scored
 
     def metrics(self) -> dict[str, float]:
-        """Means over the examples; sampled several times, the accuracy is pass@1 (the mean over
-        samples) and pass_at_1 and pass_at_<k> are reported (the unbiased estimator)."""
+        """Means over the examples whose rewards were scored; sampled several times, the accuracy
+        is pass@1 (the mean over samples) and pass_at_1 and pass_at_<k> are reported (the
+        unbiased estimator)."""
+        kept = self.scored if self.scored is not None else np.ones(len(self.rewards), dtype=bool)
         out = {
-            "reward": float(self.rewards.mean()),
-            "accuracy": float(self.correct.mean()),
-            "tokens": float(self.tokens.mean()),
+            "reward": float(self.rewards[kept].mean()),
+            "accuracy": float(self.correct[kept].mean()),
+            "tokens": float(self.tokens[kept].mean()),
         }
         if self.perplexity is not None:
             out["perplexity"] = float(self.perplexity.mean())
@@ -167,7 +171,7 @@ class SplitOutcome:
             out["kl"] = float(self.kl.mean())
         if self.correct_counts is not None:
             for k in sorted({1, self.k}):
-                estimates = [pass_at_k(self.samples, int(c), k) for c in self.correct_counts]
+                estimates = [pass_at_k(self.samples, int(c), k) for c in self.correct_counts[kept]]
                 out[f"pass_at_{k}"] = float(np.mean(estimates))
         return out
 
@@ -194,19 +198,21 @@ def evaluate_split(
     kl: bool = True,
     kl_on_selection: bool = False,
     k: int = 1,
+    failure_budget: FailureBudget | None = None,
 ) -> dict[str, SplitOutcome]:
     """Outcomes per op (BASE, CENTER) on the first `size` examples of `split`; `layout`
     describes theta when it is not the pool's layout; the compute is added to `spend`.
     Every held-out evaluation also measures the KL divergence of each op's completions from
     the base model (the engine's estimator: exact with hf, top-k with vLLM; 0 for BASE), as
     does selection with `kl_on_selection` (a fitness with a KL term); `k`: the pass@k to report
-    when the split is sampled several times."""
+    when the split is sampled several times; `failure_budget`: the rewards' (reward_failures.py)."""
     specs = tuple(CandidateSpec(generation, i, op=op) for i, op in enumerate(ops))
     kl = kl and (split == "heldout" or (kl_on_selection and split == "selection"))
     units = [
         WorkUnit(specs, split, tuple(c), keep_texts, perplexity, kl=kl) for c in chunks(list(range(size)), EVAL_CHUNK)
     ]
     results = pool.run(ray.put(EvalPayload(theta, layout)), units)
+    check_reward_failures(results, failure_budget, f"{split} evaluation after generation {generation}")
     if spend is not None:
         spend.add(spend_of(results))
     outcomes = {}
@@ -219,6 +225,7 @@ def evaluate_split(
             texts=[t for r in results for t in rows_of(r.texts, row)] if keep_texts else None,
             kl=np.concatenate([rows_of(r.kl, row) for r in results]) if kl else None,
             correct_counts=sampled_counts(results, row),
+            scored=np.concatenate([evaluated_row(r, row) for r in results]) if results else None,
             samples=results[0].samples if results else 1,
             k=k,
         )

@@ -8,6 +8,7 @@ from typing import Any
 from evora.distributed.evaluate import SplitOutcome, evaluate_split
 from evora.distributed.loop_state import Best, LoopState
 from evora.distributed.pool import WorkerPool
+from evora.distributed.reward_failures import failure_budget
 from evora.lora import Tensors
 from evora.plan.run_plan import RunPlan
 from evora.strategies.protocol import BASE, CENTER
@@ -19,6 +20,7 @@ class CenterScoring:
     def __init__(self, pool: WorkerPool, plan: RunPlan):
         self.pool, self.splits, self.fitness = pool, plan.splits, plan.fitness
         self.k = eval_decoding(plan.run.task).k
+        self.failure_budget = failure_budget(plan.run.task)
 
     def outcomes(
         self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend
@@ -48,6 +50,7 @@ class CenterScoring:
             spend=spend,
             kl_on_selection=self.fitness.needs_kl,
             k=self.k,
+            failure_budget=self.failure_budget,
         )
 
     def with_fitness(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -31,6 +31,7 @@ from evora.distributed.evaluate import (
 from evora.distributed.full_weights import EngineWeights
 from evora.distributed.pool import WorkerPool
 from evora.distributed.recorder import Recorder
+from evora.distributed.reward_failures import check_reward_failures, failure_budget
 from evora.distributed.units import GroupSum, GroupTask, search_units
 from evora.distributed.worker import UnitResult, WorkUnit
 from evora.errors import RunError
@@ -48,6 +49,7 @@ from evora.strategies.protocol import (
     prompts_of,
 )
 from evora.tasks.fitness import FitnessExpression
+from evora.tasks.scores import RewardCounts
 from evora.tracking.compute import Spend
 
 
@@ -85,6 +87,7 @@ class PopulationSearch:
     def __init__(self, parts: SearchParts):
         self.parts = parts
         self.fitness = parts.plan.fitness
+        self.failure_budget = failure_budget(parts.plan.run.task)
 
     def step(self, state: Any, generation: int) -> Searched:
         parts, started = self.parts, time.perf_counter()
@@ -99,6 +102,7 @@ class PopulationSearch:
         evaluated = time.perf_counter()
         keeps_texts = parts.keeps_texts
         matrices, invalid = generation_results(self.fitness, generation, prompts, rows, len(specs), keeps_texts)
+        check_reward_failures(results, self.failure_budget, f"generation {generation + 1}")
         check_some_fitness(generation + 1, invalid, len(specs), parts.plan.run.strategy)
         told = self._tell(state, specs, matrices, generation, payload_ref)
         parts.recorder.family(told.lineage)
@@ -256,8 +260,7 @@ def unit_stats(results: list[UnitResult], seconds: float) -> dict[str, Any]:
     return {
         "tokens": int(tokens),
         "tokens_per_second": tokens / max(seconds, 1e-9),
-        "reward_errors": sum(r.reward_errors for r in results),
-        "reward_timeouts": sum(r.reward_timeouts for r in results),
+        **RewardCounts.total([r.reward for r in results]).record(),
         "seconds_evaluate": seconds,
         "units": len(results),  # generate calls the candidates took (engine.units)
         **timing_sums(results),

@@ -58,6 +58,7 @@ from evora.tasks.decoding import Decoding, decoding_of, sample_seed
 from evora.tasks.fitness import perplexity
 from evora.tasks.prompts import PromptRenderer
 from evora.tasks.reward_pool import reward_scorer
+from evora.tasks.scores import RewardCounts, Scores
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,7 @@ class UnitResult:
     rewards: np.ndarray
     correct: np.ndarray  # bool; with several samples a cell, the aggregate's correctness in [0, 1]
     tokens: np.ndarray  # generated tokens (with several samples a cell, their mean)
-    reward_errors: int
-    reward_timeouts: int
+    reward: RewardCounts
     timings: dict[str, float]
     worker: int
     rss_mb: float
@@ -96,13 +96,6 @@ class UnitResult:
     tokens_generated: int = 0  # over every sample
     samples: int = 1  # completions per cell
     correct_counts: np.ndarray | None = None  # [spec, prompt]: correct samples, with several a cell (pass@k)
-
-
-@dataclass(frozen=True)
-class Scored:
-    values: CellValues
-    errors: int
-    timeouts: int
 
 
 @dataclass(frozen=True)
@@ -122,7 +115,7 @@ class EngineWorker:
         self.max_tokens = spec.task.max_tokens
         torch.set_num_threads(spec.engine.cpu_threads)
         self.task, self.splits = spec.resolved or resolve_task(spec.task, spec.seed)
-        self.rewards = reward_scorer(self.task, spec.task, spec.seed)
+        self.rewards = reward_scorer(self.task, spec.task, spec.seed, spec.engine.device)
         self.renderer = PromptRenderer(
             load_tokenizer(spec.engine), spec.task.prompt_format, self.task.plain_template, spec.task.system_prompt
         )
@@ -176,8 +169,9 @@ class EngineWorker:
         # A routed unit may hold no pair at all (members routed to other examples): no engine call.
         completions, measured = self._complete(payload, unit, requests) if requests.cells else ([], None)
         generated = time.perf_counter()
-        outcome = self._score(decoding, completions, [examples[c] for _, c in requests.cells])
-        values, scored = outcome.values, time.perf_counter()
+        values, scores = self._score(decoding, completions, [examples[c] for _, c in requests.cells])
+        scored = time.perf_counter()
+        rewarded = scatter(mask, np.logical_not(values.failed), False, bool)  # evaluated, and its rewards scored
         ppl, tokens_scored = self.perplexities(unit, examples, prompts, requests.cells, refs, mask)
         perplexity_done = time.perf_counter()
         kl, tokens_kl = self.kl_to_base(requests, completions, measured) if unit.kl else (None, 0)
@@ -187,8 +181,7 @@ class EngineWorker:
             rewards=scatter(mask, values.rewards, np.nan),
             correct=scatter(mask, values.correct, False, bool if decoding.samples == 1 else np.float64),
             tokens=scatter(mask, values.tokens, 0, np.int64 if decoding.samples == 1 else np.float64),
-            reward_errors=outcome.errors,
-            reward_timeouts=outcome.timeouts,
+            reward=scores.counts(failed_cells=int(sum(values.failed))),
             timings={
                 "materialise": materialised - start,
                 "generate": generated - materialised,
@@ -205,7 +198,7 @@ class EngineWorker:
             kl=None if kl is None else scatter(mask, kl, np.nan),
             # With several samples a cell, its first sample's completion stands for it.
             texts=text_rows(mask, [c.text for c in completions[:: decoding.samples]]) if unit.keep_texts else None,
-            evaluated=None if mask.all() else mask,
+            evaluated=None if rewarded.all() else rewarded,
             samples=decoding.samples,
             correct_counts=None if values.correct_counts is None else scatter(mask, values.correct_counts, 0, np.int64),
         )
@@ -270,7 +263,9 @@ class EngineWorker:
         assert self.strategy is not None and self.master is not None, "in-place candidates need synced weights"
         return self.strategy, self.master
 
-    def _score(self, decoding: Decoding, completions: list[Completion], examples: list[Any]) -> Scored:
+    def _score(
+        self, decoding: Decoding, completions: list[Completion], examples: list[Any]
+    ) -> tuple[CellValues, Scores]:
         """Each request's reward and correctness, aggregated per cell."""
         n = decoding.samples
         cell_examples = [e for e in examples for _ in range(n)]
@@ -278,8 +273,9 @@ class EngineWorker:
         answers = None
         if decoding.aggregate == "majority" and n > 1:
             answers = [self._answer(c.text, e) for c, e in zip(completions, cell_examples)]
-        values = cell_values(decoding, scores.rewards, scores.correct, [c.num_tokens for c in completions], answers)
-        return Scored(values, scores.errors, scores.timeouts)
+        tokens = [c.num_tokens for c in completions]
+        values = cell_values(decoding, scores.rewards, scores.correct, tokens, answers, scores.failed)
+        return values, scores
 
     def _answer(self, completion: str, example: Any) -> str | None:
         assert isinstance(self.task, AnswerTask), "aggregate=majority is validated against the task"

@@ -21,8 +21,12 @@ from evora.plan.validate import validate
 from evora.tracking.run_dir import CONFIG_FILE
 
 # Top-level groups, or single keys, that a resume may change: where a run's scratch lives
-# (a SLURM job's own folder) does not change what it computes.
-RESUMABLE = ("generations", "eval_every", "hardware", "tracking", "engine.adapter_dir")
+# (a SLURM job's own folder) does not change what it computes, nor does how the judge is reached
+# (a judge restarted at another address; its model and prompt stay).
+JUDGE_ACCESS = tuple(
+    f"task.judge.{key}" for key in ("url", "api_key_env", "concurrency", "retries", "timeout_s", "max_error_rate")
+)
+RESUMABLE = ("generations", "eval_every", "hardware", "tracking", "engine.adapter_dir", *JUDGE_ACCESS)
 SKIPPED = ("resume", "hydra")
 
 

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
-from evora.config.schema import VLLM_LORA_RANKS, RunConfig
+from evora.config.schema import VLLM_LORA_RANKS, RunConfig, TaskConfig
 from evora.lora.layout import AUTO
 from evora.strategies import get_strategy
 from evora.strategies.checks import choice, fail, require
@@ -133,10 +133,59 @@ def _check_task(run: RunConfig) -> None:
     if task.reward_memory_mb is not None:
         require(task.reward_memory_mb >= 64, "task.reward_memory_mb", task.reward_memory_mb, "must be >= 64, or null")
     parse_fitness(task.fitness)
-    if task.reward is not None:
-        require(callable(load_object(task.reward, "task.reward")), "task.reward", task.reward, "must be a function")
+    _check_reward(task)
     if task.data_path is None and task.name == "jsonl":
         raise fail("task.data_path", None, "task=jsonl needs a JSONL, JSON or parquet file")
+
+
+def _check_reward(task: TaskConfig) -> None:
+    from evora.tasks.base import SERVED_REWARDS, load_object
+
+    require(task.reward_batch_size >= 1, "task.reward_batch_size", task.reward_batch_size, "must be >= 1")
+    if task.reward is None:
+        return
+    if task.reward not in SERVED_REWARDS:
+        rule = f"must be a function, or one of {', '.join(SERVED_REWARDS)}"
+        require(callable(load_object(task.reward, "task.reward")), "task.reward", task.reward, rule)
+        return
+    CHECKS[task.reward](task)
+
+
+def _check_judge(task: TaskConfig) -> None:
+    import re
+
+    from evora.tasks.judge import JUDGE_APIS
+
+    judge = task.judge
+    require(judge.url is not None, "task.judge.url", None, "task.reward=judge needs the server's URL")
+    require(judge.model is not None, "task.judge.model", None, "task.reward=judge needs the served model's name")
+    choice("task.judge.api", judge.api, JUDGE_APIS)
+    require("{completion}" in judge.template, "task.judge.template", "...", "must hold {completion}")
+    try:
+        re.compile(judge.score_pattern)
+    except re.error as error:
+        raise fail("task.judge.score_pattern", judge.score_pattern, f"not a regular expression ({error})") from None
+    low_high = len(judge.score_range) == 2 and judge.score_range[0] < judge.score_range[1]
+    require(low_high, "task.judge.score_range", judge.score_range, "must be [low, high] with low < high")
+    require(judge.max_tokens >= 1, "task.judge.max_tokens", judge.max_tokens, "must be >= 1")
+    require(judge.temperature >= 0, "task.judge.temperature", judge.temperature, "must be >= 0")
+    require(judge.concurrency >= 1, "task.judge.concurrency", judge.concurrency, "must be >= 1")
+    require(judge.retries >= 0, "task.judge.retries", judge.retries, "must be >= 0")
+    require(judge.timeout_s > 0, "task.judge.timeout_s", judge.timeout_s, "must be > 0 (seconds)")
+    rate = judge.max_error_rate
+    require(0 <= rate <= 1, "task.judge.max_error_rate", rate, "must be in [0, 1]")
+
+
+def _check_reward_model(task: TaskConfig) -> None:
+    model = task.reward_model
+    require(model.path is not None, "task.reward_model.path", None, "task.reward=reward_model needs it")
+    require(model.label >= 0, "task.reward_model.label", model.label, "must be >= 0")
+    require(model.batch_size >= 1, "task.reward_model.batch_size", model.batch_size, "must be >= 1")
+    require(model.max_length >= 2, "task.reward_model.max_length", model.max_length, "must be >= 2")
+    choice("task.reward_model.dtype", model.dtype, DTYPES)
+
+
+CHECKS = {"judge": _check_judge, "reward_model": _check_reward_model}  # task.reward's served rewards
 
 
 def _check_decoding(run: RunConfig) -> None:

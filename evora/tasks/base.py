@@ -7,6 +7,7 @@ that raises, hangs or crashes scores the configured penalty and is counted, not 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import random
 from dataclasses import dataclass, field
@@ -141,15 +142,45 @@ class CustomReward:
     def correct(self, completion: str, example: Example) -> bool:
         return self.reward(completion, example) >= self.reward_range[1]
 
+    @property
+    def batched(self) -> BatchReward | None:
+        """The reward, where it was declared to score batches."""
+        return self._reward if isinstance(self._reward, BatchReward) else None
+
+
+class BatchReward:
+    """A user reward that scores a batch in one call: `score_batch(completions, examples) ->
+    list[float]` (a judge of your own, a model's forward pass). Declared with `@evora.batch_reward`;
+    evora never guesses it from a signature. Called one completion at a time it is a batch of one."""
+
+    def __init__(self, score_batch: Callable[[list[str], list[Example]], list[float]]):
+        self.score_batch = score_batch
+        functools.update_wrapper(self, score_batch)
+
+    def __call__(self, completion: str, example: Example) -> float:
+        return float(self.score_batch([completion], [example])[0])
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        # By name, as pickle takes a function: the module's attribute is this object, not the function.
+        return load_object, (f"{self.__module__}:{self.__qualname__}", "task.reward")  # type: ignore[attr-defined]
+
+
+def batch_reward(score_batch: Callable[[list[str], list[Example]], list[float]]) -> BatchReward:
+    """Decorator: `score_batch(completions, examples) -> list[float]` is a reward over a batch."""
+    return BatchReward(score_batch)
+
+
+SERVED_REWARDS = ("judge", "reward_model")  # task.reward values scored by a model, not by user code
+
 
 def is_user_reward(cfg: TaskConfig) -> bool:
     """A reward from a user's code (task.reward, or a task class by import path): run isolated."""
-    return cfg.reward is not None or ":" in cfg.name
+    return (cfg.reward is not None and cfg.reward not in SERVED_REWARDS) or ":" in cfg.name
 
 
 def build_task(cfg: TaskConfig, seed: int) -> Task:
     task = task_class(cfg.name)(cfg, seed)
-    if cfg.reward is not None:
+    if cfg.reward is not None and cfg.reward not in SERVED_REWARDS:
         return CustomReward(task, load_object(cfg.reward, "task.reward"))
     return task
 

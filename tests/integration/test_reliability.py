@@ -6,6 +6,7 @@ and no scratch folder behind, and resume to the uninterrupted result bit for bit
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pty
 import re
@@ -71,6 +72,10 @@ def test_hostile_user_rewards_are_bounded_counted_and_the_run_finishes():
     records = [r for r in read_metrics(run_dir) if r["generation"] > 0]
     assert sum(r["reward_timeouts"] for r in records) > 0
     assert sum(r["reward_errors"] for r in records) > 0  # the crashes, exits and MemoryErrors
+    # task.reward_penalty is null: every failed reward's cell is left out of the fitness, and counted
+    failures = sum(r["reward_errors"] + r["reward_timeouts"] for r in records)
+    assert sum(r["reward_failed"] for r in records) == failures
+    assert all(math.isfinite(r["reward_mean"]) for r in records)
     assert [r["workers"] for r in records] == [2, 2]  # no engine worker lost
     assert sum(r["workers_lost"] for r in records) == 0
     assert all(r["reward_mean"] > 0 for r in records)  # the fair examples are still scored

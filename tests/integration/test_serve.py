@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 
 import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
 
-from conftest import ES_RUN, cli_run, evora_cmd, free_port
+from conftest import ES_RUN, cli_run, evora_cmd, free_port, started
 from evora.distributed.worker_spec import resolve_task
 from evora.models import locate_model
 from evora.plan.overlay import saved_run_config
@@ -21,21 +20,6 @@ from evora.tasks.prompts import PromptRenderer
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("es-run")]
 PROMPTS = 12
-
-
-def started(server: subprocess.Popen, log: list[str], limit_s: float = 600) -> bool:
-    """Whether the server finished starting (uvicorn's line) within `limit_s`; its output goes to
-    `log` meanwhile, read by a thread so that the pipe never fills."""
-    up = threading.Event()
-
-    def read() -> None:
-        for line in server.stdout:  # type: ignore[union-attr]  # stdout=PIPE
-            log.append(line)
-            if "Application startup complete" in line:
-                up.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    return up.wait(limit_s)
 
 
 def test_the_server_answers_with_the_runs_own_held_out_completions(tmp_path):

@@ -181,16 +181,21 @@ def test_cell_values_aggregate_each_cells_samples():
     rewards = [1.0, 0.0, 0.0, 0.5, 0.5, 1.0]  # two cells of three samples
     correct = [True, False, False, False, False, True]
     answers = ["4", "5", "5", "7", "7", "8"]
-    mean = cell_values(Decoding(1.0, 1.0, 3, "mean"), rewards, correct, [2, 4, 6, 1, 1, 1], None)
+    ok = [False] * 6
+    mean = cell_values(Decoding(1.0, 1.0, 3, "mean"), rewards, correct, [2, 4, 6, 1, 1, 1], None, ok)
     assert mean.rewards == pytest.approx([1 / 3, 2 / 3]) and mean.correct == pytest.approx([1 / 3, 1 / 3])
     assert mean.tokens == [4.0, 1.0] and mean.correct_counts == [1, 1]
-    at_2 = cell_values(Decoding(1.0, 1.0, 3, "pass_at_k", 2), rewards, correct, [1] * 6, None)
+    at_2 = cell_values(Decoding(1.0, 1.0, 3, "pass_at_k", 2), rewards, correct, [1] * 6, None, ok)
     assert at_2.correct == pytest.approx([1 - comb(2, 2) / comb(3, 2)] * 2)  # pass@2 with c = 1 of n = 3
     assert at_2.rewards == pytest.approx([2 / 3, (0.5 + 1.0 + 1.0) / 3])  # E[max of 2 of 3]
-    vote = cell_values(Decoding(1.0, 1.0, 3, "majority"), rewards, correct, [1] * 6, answers)
+    vote = cell_values(Decoding(1.0, 1.0, 3, "majority"), rewards, correct, [1] * 6, answers, ok)
     assert vote.rewards == [0.0, 0.5] and vote.correct == [0.0, 0.0]  # "5" and "7" win their votes
-    one = cell_values(Decoding(), [0.3], [True], [5], None)
+    one = cell_values(Decoding(), [0.3], [True], [5], None, [False])
     assert one.correct == [True] and one.tokens == [5] and one.correct_counts is None  # greedy: as it was
+    assert mean.failed == [False, False] and one.failed == [False]
+    # One failed sample fails its cell (its aggregate would count a score nobody gave); the other cell stands.
+    failed = cell_values(Decoding(1.0, 1.0, 3, "mean"), rewards, correct, [1] * 6, None, [False, True] + [False] * 4)
+    assert failed.failed == [True, False] and failed.rewards[1] == pytest.approx(2 / 3)
 
 
 def test_search_and_evaluation_decode_with_their_own_settings():

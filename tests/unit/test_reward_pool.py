@@ -1,8 +1,10 @@
 """User rewards run in reward processes with a deadline: hanging, crashing, exiting and
-memory-eating rewards score the penalty, are counted, and the pool goes on."""
+memory-eating rewards fail (or score the penalty where one is set), are counted, and the pool
+goes on; a batched reward is called once per batch."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from evora.config.schema import TaskConfig
 from evora.tasks import build_task
 from evora.tasks.reward_pool import InProcessRewards, RewardPool, reward_scorer
+from evora.tasks.scores import TIMEOUT, Outcome, Scores
 
 
 def pool_for(reward: str, **task) -> tuple[RewardPool, tuple]:
@@ -114,3 +117,41 @@ def test_a_pool_broken_between_calls_is_rebuilt_and_scores_like_a_fresh_one():
         assert all(r > 0 and int(r) not in pids for r in scores.rewards)  # the new pool's processes
     finally:
         pool.close()
+
+
+def test_a_batch_reward_is_called_per_batch_and_a_failed_batch_fails_its_cells_only():
+    """@evora.batch_reward: one call per task.reward_batch_size completions (each call in some reward
+    process, so a batch shares one pid); a batch that raises fails exactly its cells, which are
+    NaN and marked failed (task.reward_penalty null), while the other batches score."""
+    cfg = TaskConfig(name="addition", reward="hostile_rewards:batch_pids", reward_batch_size=4, reward_workers=2)
+    examples = build_task(cfg, 0).splits().train[:10]
+    pool = reward_scorer(build_task(cfg, 0), cfg, 0)
+    try:
+        assert isinstance(pool, RewardPool) and pool.batch == 4
+        pids = pool.score(["x"] * 10, examples).rewards
+    finally:
+        pool.close()
+    assert len(set(pids[0:4])) == len(set(pids[4:8])) == len(set(pids[8:10])) == 1  # one call each
+
+    cfg = TaskConfig(name="addition", reward="hostile_rewards:batch_raising_on_23", reward_batch_size=3)
+    train = build_task(cfg, 0).splits().train
+    hostile = next(e for e in train if int(e.answer) % 23 == 0)
+    fair = [e for e in train if int(e.answer) % 23 != 0][:5]
+    examples = [fair[0], hostile, fair[1], fair[2], fair[3], fair[4]]  # batches [0, 1, 2] and [3, 4, 5]
+    pool = RewardPool(cfg, 0, batched=True)
+    try:
+        scores = pool.score([e.answer for e in examples], examples)
+    finally:
+        pool.close()
+    assert scores.failed == [True] * 3 + [False] * 3 and scores.errors == 3
+    assert all(math.isnan(r) for r in scores.rewards[:3]) and scores.rewards[3:] == [1.0] * 3
+    assert scores.correct == [False] * 3 + [True] * 3 and "divisible by 23" in scores.message
+
+
+def test_a_failed_reward_is_left_out_unless_a_penalty_scores_it():
+    outcomes = [Outcome(0.5, False), Outcome(failure=TIMEOUT, message="late"), Outcome(1.0, True)]
+    left_out = Scores.of(outcomes, None)
+    assert left_out.failed == [False, True, False] and math.isnan(left_out.rewards[1])
+    assert (left_out.timeouts, left_out.counts(1).failures, left_out.message) == (1, 1, "late")
+    scored = Scores.of(outcomes, -1.0)
+    assert scored.failed == [False] * 3 and scored.rewards == [0.5, -1.0, 1.0] and scored.timeouts == 1

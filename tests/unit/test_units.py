@@ -11,6 +11,7 @@ from evora.distributed.worker import UnitResult
 from evora.distributed.worker_spec import host_lora_slots
 from evora.plan.compose import compose_run
 from evora.strategies.protocol import CandidateSpec
+from evora.tasks.scores import RewardCounts
 
 PROMPTS = tuple(range(100, 116))  # 16 prompts of a generation
 
@@ -60,8 +61,7 @@ def test_units_cut_along_prompts_give_the_generations_matrices_of_whole_rows():
         rewards=rng.normal(size=(2, width)),
         correct=rng.random((2, width)) > 0.5,
         tokens=rng.integers(1, 9, size=(2, width)),
-        reward_errors=1,
-        reward_timeouts=0,
+        reward=RewardCounts(calls=10, errors=1),
         timings={"materialise": 0.5, "generate": 1.0},
         worker=0,
         rss_mb=1.0,
@@ -85,7 +85,12 @@ def test_units_cut_along_prompts_give_the_generations_matrices_of_whole_rows():
     for name in ("rewards", "correct", "tokens", "kl"):
         assert np.array_equal(getattr(merged, name), getattr(whole, name)), name
     assert merged.texts == whole.texts
-    assert (merged.reward_errors, merged.tokens_prompt, merged.timings["generate"]) == (2, 20, 2.0)
+    assert (merged.reward.errors, merged.reward.calls, merged.tokens_prompt, merged.timings["generate"]) == (
+        2,
+        20,
+        20,
+        2.0,
+    )
 
 
 def test_whole_units_keep_the_whole_population_loadable_on_the_host():

@@ -1,0 +1,173 @@
+"""task.reward=judge against a real judge: vLLM's OpenAI-compatible server (the CPU build) serving the
+bundled tiny model on loopback, with a chat template, its answers held to the scores 0 to 10 by
+vLLM's structured outputs. The run reaches the judge through a TCP forwarder the test can cut:
+the judge "killed" mid-run stops the run in one line naming it, after the last good generation's
+checkpoint, and `evora resume` goes on once it answers again. A judge that answers no score is
+counted and bounded. The run's held-out rewards are the judge's own answers, asked again here."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from openai import OpenAI
+
+from conftest import SMALL, TINY, free_port, only_run_dir, run_evora, started
+from evora.engines.base import EngineSpec
+from evora.engines.environment import vllm_environment
+from evora.plan.overlay import saved_run_config
+from evora.tasks.base import Example
+from evora.tasks.judge import judge_request
+from evora.tracking.metrics import read_metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("judge")]
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}Score:"
+SCORES = [str(score) for score in range(11)]
+RUN = [
+    "+experiment=quickstart/es",
+    *SMALL,
+    "engine=hf",
+    "task.selection_size=0",
+    "task.reward=judge",
+    "task.judge.model=judge",
+    f"task.judge.choices=[{','.join(SCORES)}]",
+    "task.judge.retries=1",
+    "task.judge.timeout_s=20",
+]
+
+
+class Forwarder:
+    """TCP from a port of its own to the judge's; at the first request after `dies()` holds, it drops
+    every connection and stops listening, as a judge that died would."""
+
+    def __init__(self, target: int, dies: Callable[[], bool] = lambda: False):
+        self.target, self.dies = target, dies
+        self.lock = threading.Lock()
+        self.connections: list[socket.socket] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # cut
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            with self.lock:
+                self.connections += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if counted and b"POST /v1/" in data and self.dies():
+                    return self.cut()
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                end.close()
+
+    def cut(self) -> None:
+        self.listener.close()
+        with self.lock:
+            for connection in self.connections:
+                connection.close()
+
+
+@pytest.fixture(scope="module")
+def judge_port():
+    """vLLM's OpenAI-compatible server with the tiny model as `judge`, for the module."""
+    folder = Path(tempfile.mkdtemp(prefix="evora-judge-"))
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TINY)]
+    command += ["--served-model-name", "judge", "--dtype", "float32", "--max-model-len", "512", "--seed", "0"]
+    command += ["--chat-template", str(folder / "chat_template.jinja"), "--host", "127.0.0.1", "--port", str(port)]
+    # The engines' environment: 1 GiB of KV cache on the CPU (vLLM's default takes most of the memory).
+    env = {**os.environ, **vllm_environment(EngineSpec(model=str(TINY)))}
+    server = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        log: list[str] = []
+        assert started(server, log), "".join(log)[-4000:]
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def generations_in(out: Path) -> set[int]:
+    """The generations recorded so far in the run under `out` (a line being written is skipped)."""
+    found = set()
+    for line in (line for path in out.glob("*/metrics.jsonl") for line in path.read_text().splitlines()):
+        try:
+            found.add(json.loads(line)["generation"])
+        except ValueError:
+            pass
+    return found
+
+
+def judged(out: Path, port: int, *overrides: str) -> subprocess.CompletedProcess:
+    return run_evora([*RUN, f"task.judge.url=http://127.0.0.1:{port}/v1", f"tracking.out_dir={out}", *overrides], out)
+
+
+def test_a_judge_killed_mid_run_stops_it_in_one_line_and_resume_goes_on(judge_port):
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    # Dies in generation 3: at its first request after generation 2's record (written before its checkpoint).
+    dying = Forwarder(judge_port, dies=lambda: 2 in generations_in(out))
+    stopped = judged(out, dying.port, "generations=4")
+    errors = [line for line in stopped.stderr.splitlines() if line.startswith("evora: error:")]
+    assert stopped.returncode == 1 and len(errors) == 1, stopped.stderr[-4000:]
+    assert f"judge at http://127.0.0.1:{dying.port}/v1" in errors[0] and "generation 3" in errors[0], errors[0]
+    assert "task.judge.max_error_rate=0.1" in errors[0] and "Traceback" not in stopped.stderr
+    run_dir = only_run_dir(out)
+    assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2]  # generation 2's checkpoint stays
+    assert all(r["reward_failed"] == 0 for r in read_metrics(run_dir) if r["generation"] > 0)
+
+    back = Forwarder(judge_port)  # the judge answers again, at another address
+    resumed = run_evora([f"resume={run_dir}", f"task.judge.url=http://127.0.0.1:{back.port}/v1"], cwd=out)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    records = read_metrics(run_dir)
+    assert [r["generation"] for r in records] == [0, 1, 2, 3, 4]
+    assert all(r["reward_failed"] == 0 and r["reward_errors"] == 0 for r in records if r["generation"] > 0)
+
+    # The held-out rewards are the judge's answers: asked again, one request each, through the chat API.
+    report = json.loads((run_dir / "eval" / "best_vs_base.json").read_text())
+    rows = [row for group in report["counts"] for row in report[group]]
+    client = OpenAI(base_url=f"http://127.0.0.1:{judge_port}/v1", api_key="none")
+    template = saved_run_config(run_dir).task.judge.template
+    same = 0
+    for row in rows:
+        request = judge_request(template, row["adapter"], Example(row["prompt"], row["answer"]))
+        answer = client.chat.completions.create(
+            model="judge",
+            messages=[{"role": "user", "content": request}],
+            max_tokens=16,
+            temperature=0,
+            extra_body={"structured_outputs": {"choice": SCORES}},
+        )
+        same += float(answer.choices[0].message.content) == row["adapter_reward"]
+    # Greedy, but batched otherwise than in the run: a near tie may go the other way on the CPU.
+    assert same >= 0.9 * len(rows), (same, len(rows))
+
+
+def test_a_judge_that_answers_no_score_is_counted_and_stops_the_run(judge_port):
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    result = judged(out, judge_port, "generations=2", "task.judge.score_pattern=NOSCORE")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("evora: error:")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr[-4000:]
+    assert "heldout evaluation after generation 0: 128 of 128 rewards" in errors[0], errors[0]
+    assert "no score in the judge's reply" in errors[0] and f"127.0.0.1:{judge_port}/v1" in errors[0]
