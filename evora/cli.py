@@ -29,7 +29,7 @@ from evora.plan.jobs import job_plan, preflight
 from evora.strategies import get_strategy
 from evora.tracking.events import Event, OnEvent
 from evora.tracking.run_dir import CLI_LOG, log_traceback
-from evora.tracking.sweep import with_sweep_tracking
+from evora.tracking.sweep import in_multirun, job_objective, with_sweep_tracking
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILURE = 1
@@ -136,8 +136,12 @@ def _interrupt_in(error: BaseException) -> BaseException | None:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def _hydra_main(cfg: DictConfig) -> Event:
-    return run_job(cfg)
+def _hydra_main(cfg: DictConfig) -> Event | float:
+    """A job; in a multirun its value is the run's `objective`, which hydra/sweeper=optuna optimises."""
+    event = run_job(cfg)
+    if not in_multirun():
+        return event
+    return job_objective(HydraConfig.get().runtime.output_dir, cfg.objective)
 
 
 EVAL_OPTIONS = {
@@ -203,6 +207,8 @@ def eval_main(argv: list[str]) -> None:
         from evora.distributed.eval_job import run_evaluation, run_portfolio_evaluation
 
         if "benchmarks" in options:
+            from evora.jobs.benchmarks import benchmark
+
             return print(Path(benchmark(run, adapter, options, Path(out))["paths"][0]).read_text(), end="")
         plan = job_plan(run, overrides)
         if routed:
@@ -213,24 +219,6 @@ def eval_main(argv: list[str]) -> None:
     except EvoraError as error:
         _die(error)
     _print_eval(report)
-
-
-def benchmark(run: Any, adapter: str | None, options: dict[str, str], out: Path) -> dict[str, Any]:
-    """`benchmarks=[a,b]`: lm-eval's tasks on the export and the base model (evora/jobs/benchmarks.py)."""
-    from evora.distributed.worker_spec import engine_spec
-    from evora.engines.environment import engine_environment
-    from evora.jobs.benchmarks import LmEvalOptions, run_benchmarks
-    from evora.models import locate_model
-
-    if adapter is None:
-        raise ConfigError("benchmarks=...: adapter= names a PEFT adapter, a model folder or a routing.json")
-    tasks = [t.strip() for t in options["benchmarks"].strip("[]").split(",") if t.strip()]
-    if not tasks:
-        raise ConfigError(f"benchmarks={options['benchmarks']}: tasks as [a,b]")
-    lm_eval_options = LmEvalOptions.of(options)
-    if run.engine.name == "vllm":  # lm-eval's vLLM engine runs in this process: the environment evora's engines get
-        os.environ.update(engine_environment("vllm", engine_spec(run, locate_model(run.model.path).path)))
-    return run_benchmarks(run, adapter, tasks, out, options.get("benchmarks_path"), lm_eval_options)
 
 
 def _print_eval(report: dict[str, Any]) -> None:

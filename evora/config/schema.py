@@ -195,6 +195,7 @@ class RunConfig:
     generations: int = 30
     eval_every: int = 10  # held-out evaluation every k generations (0: start and end only)
     resume: Optional[str] = None
+    objective: str = "best.reward"  # a multirun job's value (Optuna's): <base|final|best>.<metric> of its summary
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     task: TaskConfig = field(default_factory=TaskConfig)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,3 +288,19 @@ def run_benchmarks(
     (out / "benchmarks.md").write_text(markdown(report))
     report["paths"] = [str(out / "benchmarks.md"), str(out / "benchmarks.json")]
     return report
+
+
+def benchmark(run: RunConfig, adapter: str | None, options: dict[str, str], out: Path) -> dict[str, Any]:
+    """`evora eval benchmarks=[a,b]`: lm-eval's tasks on the export and the base model."""
+    from evora.distributed.worker_spec import engine_spec
+    from evora.engines.environment import engine_environment
+
+    if adapter is None:
+        raise ConfigError("benchmarks=...: adapter= names a PEFT adapter, a model folder or a routing.json")
+    tasks = [t.strip() for t in options["benchmarks"].strip("[]").split(",") if t.strip()]
+    if not tasks:
+        raise ConfigError(f"benchmarks={options['benchmarks']}: tasks as [a,b]")
+    lm_eval_options = LmEvalOptions.of(options)
+    if run.engine.name == "vllm":  # lm-eval's vLLM engine runs in this process: the environment evora's engines get
+        os.environ.update(engine_environment("vllm", engine_spec(run, locate_model(run.model.path).path)))
+    return run_benchmarks(run, adapter, tasks, out, options.get("benchmarks_path"), lm_eval_options)

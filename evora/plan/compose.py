@@ -157,11 +157,18 @@ def parse_overrides(overrides: list[str]) -> list[Any]:
 
 
 def expand_jobs(overrides: list[str]) -> list[list[str]]:
-    """One override list per job of a (multi)run, as Hydra's basic sweeper expands them."""
+    """One override list per job of a (multi)run, as Hydra's basic sweeper expands them; a search
+    space's interval (`interval(a,b)`, for hydra/sweeper=optuna) as its two ends, so that the
+    preflight checks both."""
+    from hydra.core.override_parser.types import IntervalSweep
+
     axes = []
     for text, override in zip(overrides, parse_overrides(overrides)):
-        if override.is_sweep_override():
-            key = override.get_key_element()
+        key = override.get_key_element()
+        if isinstance(override.value(), IntervalSweep):
+            interval = override.value()
+            axes.append([f"{key}={interval.start}", f"{key}={interval.end}"])
+        elif override.is_sweep_override():
             axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
         else:
             axes.append([text])

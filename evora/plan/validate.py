@@ -62,7 +62,12 @@ def _floats(node: Any, key: str) -> Any:
 
 
 def _check_run(run: RunConfig) -> None:
+    from evora.tracking.summary import OBJECTIVE_SECTIONS
+
     require(run.generations >= 1, "generations", run.generations, "must be an integer >= 1")
+    section, _, metric = run.objective.partition(".")
+    rule = f"must be <{'|'.join(OBJECTIVE_SECTIONS)}>.<metric>, e.g. best.reward or final.accuracy"
+    require(section in OBJECTIVE_SECTIONS and metric.isidentifier(), "objective", run.objective, rule)
     require(run.eval_every >= 0, "eval_every", run.eval_every, "must be an integer >= 0 (0: start and end only)")
 
 

@@ -48,6 +48,15 @@ def read_summary(run_dir: str | Path) -> dict[str, Any] | None:
     return summary if summary.get("schema_version") == SCHEMA_VERSION else None
 
 
+OBJECTIVE_SECTIONS = ("base", "final", "best")  # `objective=<section>.<metric>`: held-out metrics of the summary
+
+
+def objective_value(summary: dict[str, Any] | None, objective: str) -> float | None:
+    """A run's `objective` (e.g. best.reward) from its summary, or None where it has none."""
+    section, _, metric = objective.partition(".")
+    return headline(summary, section, metric)
+
+
 def headline(summary: dict[str, Any] | None, which: str, metric: str = "reward") -> float | None:
     """summary[which][metric] (which: base, final, best), or None where there is none."""
     if not summary or not summary.get(which):

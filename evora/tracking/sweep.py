@@ -11,15 +11,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from evora.tracking.summary import headline, read_summary
+from evora.errors import RunError
+from evora.tracking.summary import headline, objective_value, read_summary
 
 SUMMARY = "sweep_summary"
+STUDY = "optimization_results.yaml"  # what hydra-optuna-sweeper writes into the sweep folder
 COLUMNS = (
     "job",
     "overrides",
@@ -28,6 +31,7 @@ COLUMNS = (
     "base_heldout",
     "final_heldout",
     "best_heldout",
+    "objective",
     "generations",
     "search_flops",
     "wall_clock_s",
@@ -55,6 +59,14 @@ def with_sweep_tracking(run: Any) -> Any:
     )
 
 
+def job_objective(run_dir: str | Path, objective: str) -> float:
+    """A multirun job's value, what the sweeper optimises (hydra/sweeper=optuna): `objective` of its summary."""
+    value = objective_value(read_summary(run_dir), objective)
+    if value is None:
+        raise RunError(f"objective={objective}: {run_dir}/eval/summary.json has no such value")
+    return value
+
+
 def summary_row(
     job: int,
     overrides: list[str],
@@ -63,6 +75,7 @@ def summary_row(
     summary: dict[str, Any] | None,
     seconds: float,
     run_dir: str,
+    objective: str = "best.reward",
 ) -> dict[str, Any]:
     """One job's row from its eval/summary.json (None when the job failed)."""
     return {
@@ -73,6 +86,7 @@ def summary_row(
         "base_heldout": headline(summary, "base"),
         "final_heldout": headline(summary, "final"),
         "best_heldout": headline(summary, "best"),
+        "objective": objective_value(summary, objective),
         "generations": (summary or {}).get("generations"),
         "search_flops": (summary or {}).get("compute", {}).get("search", {}).get("flops"),
         "wall_clock_s": round(seconds, 1),
@@ -86,8 +100,9 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def write_summary(folder: Path, rows: list[dict[str, Any]]) -> None:
-    """JSON with every override of every job; markdown with the overrides that vary."""
+def write_summary(folder: Path, rows: list[dict[str, Any]], study: dict[str, Any] | None = None) -> None:
+    """JSON with every override of every job; markdown with the overrides that vary, and an Optuna
+    study's best parameters and value (its whole result stays in optimization_results.yaml)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{SUMMARY}.json").write_text(json.dumps(rows, indent=2) + "\n")
     shared = set.intersection(*(set(row["overrides"].split()) for row in rows)) if len(rows) > 1 else set()
@@ -98,6 +113,9 @@ def write_summary(folder: Path, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         varying = " ".join(o for o in row["overrides"].split() if o not in shared)
         lines.append("| " + " | ".join(_cell({**row, "overrides": varying}[c]) for c in COLUMNS) + " |")
+    if study is not None:
+        best = " ".join(f"{key}={value}" for key, value in study.get("best_params", {}).items())
+        lines += ["", f"Optuna ({study.get('name', 'optuna')}): best value {_cell(study.get('best_value'))}, `{best}`"]
     (folder / f"{SUMMARY}.md").write_text("\n".join(lines) + "\n")
 
 
@@ -126,6 +144,13 @@ class SweepSummary(Callback):
                 summary,
                 time.perf_counter() - self.started,
                 hydra.runtime.output_dir,
+                config.objective,
             )
         )
         write_summary(Path(hydra.sweep.dir), self.rows)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """hydra/sweeper=optuna: the study's result (optimization_results.yaml) below the table."""
+        folder = Path(config.hydra.sweep.dir)  # HydraConfig is unset once the jobs are done
+        if self.rows and (folder / STUDY).is_file():
+            write_summary(folder, self.rows, yaml.safe_load((folder / STUDY).read_text()))

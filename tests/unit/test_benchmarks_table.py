@@ -11,9 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from evora import cli
 from evora.errors import ConfigError
-from evora.jobs.benchmarks import Evaluation, LmEvalOptions, compare, paired_stderr, per_document
+from evora.jobs.benchmarks import Evaluation, LmEvalOptions, benchmark, compare, paired_stderr, per_document
 from evora.plan.compose import compose_run
 
 KEY = "exact_match,none"
@@ -79,8 +78,6 @@ def test_rows_carry_the_paired_error_read_from_lm_evals_samples():
 def test_lm_evals_options_are_checked_in_one_line(option, message, tmp_path):
     key, _, value = option.partition("=")
     with pytest.raises(ConfigError) as error:
-        cli.benchmark(
-            compose_run(["engine=hf"]), str(tmp_path), {"benchmarks": "[evora_addition]", key: value}, tmp_path
-        )
+        benchmark(compose_run(["engine=hf"]), str(tmp_path), {"benchmarks": "[evora_addition]", key: value}, tmp_path)
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
     assert LmEvalOptions() == LmEvalOptions(None, None, False, False)  # every option off unless given

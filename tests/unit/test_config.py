@@ -186,6 +186,17 @@ def test_multirun_jobs_are_each_validated():
         preflight(["-m", "strategy.population=2,3"])
 
 
+def test_an_optuna_search_interval_is_checked_at_both_ends():
+    assert expand_jobs(["strategy.sigma=interval(0.1,0.5)", "seed=0"]) == [
+        ["strategy.sigma=0.1", "seed=0"],
+        ["strategy.sigma=0.5", "seed=0"],
+    ]
+    with pytest.raises(ConfigError, match="strategy.sigma=-0.5"):
+        preflight(["-m", "hydra/sweeper=optuna", "strategy.sigma=interval(-0.5,0.5)"])
+    with pytest.raises(ConfigError, match='objective="best": must be'):
+        preflight(["objective=best"])
+
+
 def test_hydra_print_flags_skip_the_preflight():
     assert overrides_of(["--cfg", "job", "seed=1"]) is None
     assert overrides_of(["-m", "seed=1", "hydra.verbose=true"]) == ["seed=1", "hydra.verbose=true"]

@@ -15,13 +15,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def shell_block_lines(text: str) -> list[str]:
-    """Lines inside ```bash / ```sh / ``` fences."""
-    lines, fence = [], None
+    """Lines inside ```bash / ```sh / ``` fences, a line ending in a backslash joined to the next."""
+    lines, fence, pending = [], None, ""
     for line in text.splitlines():
         if line.startswith("```"):
             fence = line[3:].strip() if fence is None else None
         elif fence in ("", "bash", "sh", "console"):
-            lines.append(line)
+            if line.endswith("\\"):
+                pending += line[:-1]
+                continue
+            lines.append(pending + line)
+            pending = ""
     return lines
 
 
