@@ -162,6 +162,16 @@ def test_real_shapes(tmp_path):
     assert any(r.get("extrapolated") for r in report["rows"])  # es_full's update past the measured population
 
 
+def test_reward_model_device(tmp_path):
+    """task.reward=reward_model's scorer on the device (the CPU here) against the CPU: equal in fp32."""
+    out = tmp_path / "reward_model_device.json"
+    result = run_bench("reward_model_device.py", "--device", "cpu", "--out", str(out))
+    report = read(out, {"device", "fp32_device_vs_cpu_max_abs", "bf16_vs_fp32_max_abs_over_max_reward", "per_second"})
+    assert report["fp32_device_vs_cpu_max_abs"] == 0.0  # the same device: the same numbers, batched alike
+    assert 0 < report["bf16_vs_fp32_max_abs_over_max_reward"] < 0.1 and len(report["per_second"]) == 3
+    assert "completions scored per second" in result.stdout
+
+
 def test_gpu_check(tmp_path):
     """The GPU check's own checks, on the CPU here: all pass (its goals apply on a GPU only)."""
     out = tmp_path / "gpu_check.json"
