@@ -97,7 +97,7 @@ class Driver:
             snapshots = self.loop.weight_snapshots
             self.weights = EngineWeights(self.strategy, pool, self.run_dir, snapshots, knobs(self.run_cfg.strategy))
             self.weights.to(self.state, self.loop.next_generation)
-        self.scoring = CenterScoring(pool, self.plan)
+        self.scoring = CenterScoring(pool, self.plan, completions=recorder.wants_completions)
         texts = self.entry.keeps_texts(self.strategy)  # the ecology's self-training reads them
         parts = SearchParts(
             self.plan, self.strategy, pool, recorder, training, self.weights, texts, summed=self.entry.summed
@@ -176,6 +176,7 @@ class Driver:
         record = self.scoring.initial(self.loop, self.strategy.center(self.state), spend)
         self.recorder.account(record, Spend(), spend, 0.0, time.perf_counter() - started)
         self.recorder.log(record)
+        self.recorder.completions(0, self.scoring.rows)
 
     def _generation(self, generation: int) -> dict[str, Any]:
         started = self._generation_started = time.perf_counter()
@@ -185,7 +186,8 @@ class Driver:
         if self.budget is not None:
             self.stopping = self.budget.spent(self.loop.ledger.search_usage(searched.spend, search_done - started))
         eval_spend = Spend()
-        if self._eval_due(done):
+        due = self._eval_due(done)
+        if due:
             record.update(self.scoring.heldout(self.loop, done, self.strategy.center(self.state), eval_spend))
         finished = time.perf_counter()
         changes = self.pool.take_events()
@@ -200,6 +202,8 @@ class Driver:
             record["pool_events"] = searched.pool_events
         self.recorder.account(record, searched.spend, eval_spend, search_done - started, finished - search_done)
         self.recorder.log(record)
+        if due:
+            self.recorder.completions(done, self.scoring.rows)
         self._checkpoint(done)
         events = record.pop("pool_events", []) + changes
         return {"kind": "generation", **record, "generations": self._planned_generations(), "pool_events": events}

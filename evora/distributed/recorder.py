@@ -19,6 +19,7 @@ from evora.tracking.compute import ComputeLedger, Spend
 from evora.tracking.events import StartEvent
 from evora.tracking.metrics import JsonlSink, MetricsSink, WandbSink
 from evora.tracking.run_dir import LINEAGE_FILE, config_dict
+from evora.tracking.summary import read_summary
 
 
 class Recorder:
@@ -26,14 +27,24 @@ class Recorder:
         """`completed`: the last generation the checkpoint holds (-1: a fresh run)."""
         self.run_dir, self.ledger, self.completed = run_dir, ledger, completed
         self.sinks: list[MetricsSink] = [JsonlSink(run_dir, completed), RewardPlotSink(run_dir)]
-        if run.tracking.name == "wandb":
-            self.sinks.append(wandb_sink(run, run_dir))
+        self.wandb = wandb_sink(run, run_dir) if run.tracking.name == "wandb" else None
+        if self.wandb is not None:
+            self.sinks.append(self.wandb)
         self.lineage = JsonlSink(run_dir, completed, LINEAGE_FILE, lazy=True)
         self.files: dict[str, JsonlSink] = {}
 
     def log(self, record: dict[str, Any]) -> None:
         for sink in self.sinks:
             sink.log(record)
+
+    @property
+    def wants_completions(self) -> bool:
+        """Whether held-out evaluations should keep their completions (W&B's table)."""
+        return self.wandb is not None
+
+    def completions(self, generation: int, rows: list[dict[str, Any]]) -> None:
+        if self.wandb is not None:
+            self.wandb.completions(generation, rows)
 
     def family(self, members: list[dict[str, Any]]) -> None:
         self.lineage.log_many(members)
@@ -82,7 +93,16 @@ def wandb_sink(run: RunConfig, run_dir: Path) -> WandbSink:
         mode=tracking.wandb_mode,
         config=config_dict(run),
         figures=lambda: write_plots(run_dir),
+        exports=lambda: exports_of(run_dir),
     )
+
+
+def exports_of(run_dir: Path) -> list[tuple[str, Path]]:
+    """(name, folder) of each export of the finished run (an adapter, a model, the ecology's folder of
+    organelles), none if it did not finish."""
+    summary = read_summary(run_dir)
+    exports = summary["adapters"] if summary is not None else {}
+    return [(name, run_dir / relative) for name, relative in exports.items() if (run_dir / relative).is_dir()]
 
 
 def start_event(

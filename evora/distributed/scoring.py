@@ -17,10 +17,14 @@ from evora.tracking.compute import Spend
 
 
 class CenterScoring:
-    def __init__(self, pool: WorkerPool, plan: RunPlan):
+    def __init__(self, pool: WorkerPool, plan: RunPlan, completions: bool = False):
+        """`completions`: held-out evaluations keep their completions for a table (`rows`, W&B's)."""
         self.pool, self.splits, self.fitness = pool, plan.splits, plan.fitness
         self.k = eval_decoding(plan.run.task).k
         self.failure_budget = failure_budget(plan.run.task)
+        self.completions = completions
+        self.base: SplitOutcome | None = None  # the base model's held-out completions, once this session has them
+        self.rows: list[dict[str, Any]] = []  # the last held-out evaluation's completions, base and adapter
 
     def outcomes(
         self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend
@@ -31,12 +35,25 @@ class CenterScoring:
     def metrics(
         self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend
     ) -> dict[str, dict[str, float]]:
-        """Each op's metrics on a split, with the task's fitness."""
-        outcomes = self._evaluate(split, ops, generation, theta, spend, whole=False)
+        """Each op's metrics on a split, with the task's fitness (and, held-out, the table's `rows`)."""
+        table = self.completions and split == "heldout" and CENTER in ops
+        outcomes = self._evaluate(split, ops, generation, theta, spend, whole=False, texts=table)
+        if table:
+            self.base = (
+                outcomes.get(BASE) or self.base or self._evaluate(split, [BASE], 0, None, spend, False, True)[BASE]
+            )
+            self.rows = completion_rows(self.splits.heldout, self.base, outcomes[CENTER])
         return {op: self.with_fitness(o.metrics()) for op, o in outcomes.items()}
 
     def _evaluate(
-        self, split: str, ops: list[str], generation: int, theta: Tensors | None, spend: Spend, whole: bool
+        self,
+        split: str,
+        ops: list[str],
+        generation: int,
+        theta: Tensors | None,
+        spend: Spend,
+        whole: bool,
+        texts: bool = False,
     ) -> dict[str, SplitOutcome]:
         return evaluate_split(
             self.pool,
@@ -45,7 +62,7 @@ class CenterScoring:
             split,
             len(self.splits.get(split)),
             generation=generation,
-            keep_texts=whole,
+            keep_texts=whole or texts,
             perplexity=whole or self.fitness.needs_perplexity,
             spend=spend,
             kl_on_selection=self.fitness.needs_kl,
@@ -84,3 +101,20 @@ class CenterScoring:
         if loop.best is None or score > loop.best.score:
             loop.best = Best(score, done, {k: v.clone() for k, v in theta.items()}, heldout)
         return scores
+
+
+def completion_rows(examples: Any, base: SplitOutcome, adapter: SplitOutcome) -> list[dict[str, Any]]:
+    """One row per held-out example: its prompt and answer, the base model's and the adapter's
+    completions and rewards."""
+    assert base.texts is not None and adapter.texts is not None, "evaluated with their texts"
+    return [
+        {
+            "prompt": example.prompt,
+            "answer": example.answer,
+            "base": base.texts[i],
+            "base_reward": float(base.rewards[i]),
+            "adapter": adapter.texts[i],
+            "adapter_reward": float(adapter.rewards[i]),
+        }
+        for i, example in enumerate(examples)
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol, cast
@@ -71,8 +72,29 @@ class JsonlSink:
             self.handle.close()
 
 
+# W&B's sections, as researchers read a run: a record's key -> "<section>/<key>" (the first rule that
+# matches), so the workspace groups its panels; metrics.jsonl keeps the flat keys.
+WANDB_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("heldout", ("heldout_", "base_heldout_", "selection_")),
+    ("compute", ("tokens", "flops", "eval_flops", "cumulative_flops", "wall_clock_s", "seconds", "units")),
+    ("system", ("workers", "worker_", "reward_errors", "reward_timeouts", "reward_invalid", "reward_failed", "time")),
+)
+COMPLETIONS = "heldout/completions"  # the table of held-out completions, at each held-out evaluation
+
+
+def wandb_key(key: str) -> str:
+    """heldout_reward -> heldout/reward, base_heldout_reward -> heldout/base_reward, tokens_generated ->
+    compute/tokens_generated, workers_lost -> system/workers_lost; the search's own numbers -> search/."""
+    for section, prefixes in WANDB_SECTIONS:
+        if key.startswith(prefixes):
+            return f"{section}/{key.removeprefix('heldout_').replace('base_heldout_', 'base_')}"
+    return f"search/{key}"
+
+
 class WandbSink:
-    """One W&B run per evora run; its id is kept in the run folder so a resume continues it."""
+    """One W&B run per evora run; its id is kept in the run folder so a resume continues it.
+    Metrics go under sections (`wandb_key`), held-out completions into a table, and the run's
+    exports, at its end, become model artifacts."""
 
     def __init__(
         self,
@@ -85,11 +107,13 @@ class WandbSink:
         mode: str,
         config: dict[str, Any],
         figures: Callable[[], list[Path]] | None = None,
+        exports: Callable[[], list[tuple[str, Path]]] | None = None,
     ):
         import wandb
 
         self.run_dir = Path(run_dir)
         self.figures = figures  # the run's plots, drawn at the end (passed in: tracking draws nothing itself)
+        self.exports = exports  # (name, folder) of what the run exported, read at the end
         id_file = Path(run_dir) / "wandb_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
@@ -107,20 +131,37 @@ class WandbSink:
         )
 
     def log(self, record: dict[str, Any]) -> None:
-        self.run.log(
-            {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None},
-            step=int(record.get("generation", 0)),
-        )
+        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
+        self.run.log({wandb_key(k): v for k, v in numbers.items()}, step=int(record.get("generation", 0)))
+
+    def completions(self, generation: int, rows: list[dict[str, Any]]) -> None:
+        """The held-out completions after `generation` generations: a table, one row per example."""
+        import wandb
+
+        if rows:
+            columns = list(rows[0])
+            table = wandb.Table(columns=["generation", *columns], data=[[generation, *r.values()] for r in rows])
+            self.run.log({COMPLETIONS: table}, step=generation)
 
     def close(self) -> None:
-        """The run's figures (`evora analyze`'s plots) go to W&B too, then the run ends."""
+        """The run's figures (`evora analyze`'s plots) and its exports (model artifacts) go to W&B
+        too, then the run ends."""
         import wandb
 
         paths = self.figures() if self.figures is not None else []
         figures = {f"plots/{path.stem}": wandb.Image(str(path)) for path in paths}
         if figures:
             self.run.log(figures)
+        for name, folder in self.exports() if self.exports is not None else []:
+            artifact = wandb.Artifact(artifact_name(self.run_dir.name, name), type="model", metadata={"export": name})
+            artifact.add_dir(str(folder))
+            self.run.log_artifact(artifact)
         self.run.finish()
+
+
+def artifact_name(run: str, export: str) -> str:
+    """W&B artifact names hold letters, digits, '-', '_' and '.' only."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", f"{run}-{export}")
 
 
 def read_metrics(run_dir: str | Path, filename: str = METRICS_FILE) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from wandb_offline import artifact_names, history_keys
 
 from conftest import ES_RUN, SMALL, cli_run, fresh_run, only_run_dir, resume_run, run_evora
 from evora.analysis import plots
@@ -247,6 +248,28 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
     assert len(offline) == 1
     assert list(offline[0].glob("*.wandb"))
     assert list((offline[0] / "files" / "media" / "images").rglob("*.png")), "the run's figures are not in W&B"
+    # W&B as researchers read it, from its own offline log: metrics in sections, a held-out completions
+    # table at generations 0 and 2 (eval_every=2), the exported adapters as model artifacts.
+    log = next(offline[0].glob("run-*.wandb"))
+    steps = history_keys(log)
+    logged = set().union(*steps)
+    assert {"search/reward_mean", "heldout/reward", "heldout/base_reward", "compute/flops", "system/workers"} <= logged
+    assert not {"reward_mean", "heldout_reward", "flops"} & logged  # no flat keys
+    assert sum("heldout/completions/_type" in keys for keys in steps) == 2  # a table's fields, flattened
+    tables = [json.loads(p.read_text()) for p in (offline[0] / "files" / "media" / "table").rglob("*.table.json")]
+    assert sorted(table["data"][0][0] for table in tables) == [0, 2]  # the generation column
+    for table in tables:
+        assert table["columns"] == [
+            "generation",
+            "prompt",
+            "answer",
+            "base",
+            "base_reward",
+            "adapter",
+            "adapter_reward",
+        ]
+        assert len(table["data"]) == 64  # task.eval_size
+    assert artifact_names(log, "model") == {f"{run_dir.name}-best", f"{run_dir.name}-mean"}
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert fake_key.encode() not in path.read_bytes(), path
