@@ -263,7 +263,8 @@ def candidate_matrices(results: list[UnitResult], population: int) -> CandidateM
 
 
 def evaluated_row(result: UnitResult, row: int) -> np.ndarray:
-    return result.evaluated[row] if result.evaluated is not None else np.ones_like(result.correct[row])
+    """One row's evaluated cells, as booleans (a mask; `correct` is a fraction when sampled)."""
+    return result.evaluated[row] if result.evaluated is not None else np.ones(len(result.correct[row]), dtype=bool)
 
 
 def rows_of(values: list[Any] | np.ndarray | None, row: int) -> Any:

@@ -80,7 +80,7 @@ def build_plan(run: RunConfig) -> RunPlan:
         check_hub_model(location.path, run.model.revision)
     if run.model.tokenizer is not None and not locate_model(run.model.tokenizer, key="model.tokenizer").is_local:
         check_hub_model(run.model.tokenizer, run.model.revision, key="model.tokenizer")
-    check_reward_model(run)
+    check_served_reward(run)
     with hub_access(run.model.path):  # a hub model's config is fetched here
         modules = model_modules(
             location.path, revision=run.model.revision, trust_remote_code=run.model.trust_remote_code
@@ -106,12 +106,17 @@ def build_plan(run: RunConfig) -> RunPlan:
     )
 
 
-def check_reward_model(run: RunConfig) -> None:
-    """task.reward=reward_model: its model is a folder or a reachable hub id (the workers load it)."""
+def check_served_reward(run: RunConfig) -> None:
+    """task.reward=reward_model: its model is a folder or a reachable hub id (the workers load it);
+    task.reward=judge: the judge answers and serves its model."""
     path = run.task.reward_model.path
     if run.task.reward == "reward_model" and path is not None:
         if not locate_model(path, key="task.reward_model.path").is_local:
             check_hub_model(path, run.task.reward_model.revision, key="task.reward_model.path")
+    if run.task.reward == "judge":
+        from evora.tasks.judge import check_judge
+
+        check_judge(run.task.judge)
 
 
 def check_answers(run: RunConfig, task: Task) -> None:

@@ -55,6 +55,34 @@ def parse_score(judge: JudgeConfig, reply: str) -> Outcome:
     return Outcome(value, value >= correct_at)
 
 
+PROBE_TIMEOUT_S = 10.0  # the judge's answer to the plan's one request for its models
+
+
+def check_judge(judge: JudgeConfig) -> None:
+    """Before Ray starts: the judge answers and serves task.judge.model (a wrong name is bad input,
+    exit 2; a judge out of reach, a runtime failure, exit 1)."""
+    from evora.errors import ConfigError, RunError
+
+    client = openai.OpenAI(
+        base_url=judge.url,
+        api_key=os.environ.get(judge.api_key_env) or "none",
+        timeout=PROBE_TIMEOUT_S,
+        max_retries=0,
+    )
+    try:
+        served = sorted(model.id for model in client.models.list())
+    except openai.APIError as error:
+        raise RunError(
+            f'task.judge.url="{judge.url}": the judge does not answer ({type(error).__name__}: {error})'
+        ) from None
+    finally:
+        client.close()
+    if judge.model not in served:
+        raise ConfigError(
+            f'task.judge.model="{judge.model}": not served at {judge.url}; it serves: {", ".join(served)}'
+        )
+
+
 class JudgeRewards:
     """Scores completions with the judge, concurrently; one event loop per `score` call."""
 

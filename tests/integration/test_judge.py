@@ -164,6 +164,20 @@ def test_a_judge_killed_mid_run_stops_it_in_one_line_and_resume_goes_on(judge_po
     assert same >= 0.9 * len(rows), (same, len(rows))
 
 
+def test_a_wrong_judge_is_one_line_before_ray(judge_port):
+    """The plan asks the judge for its models: a name it does not serve is bad input (exit 2), a judge
+    that does not answer a runtime failure (exit 1); `evora doctor` says the same."""
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    wrong = judged(out, judge_port, "task.judge.model=nope")
+    assert wrong.returncode == 2 and 'task.judge.model="nope": not served' in wrong.stderr, wrong.stderr[-2000:]
+    assert "it serves: judge" in wrong.stderr and not list(out.iterdir())  # no run folder: it never started
+    closed = free_port()  # nothing listens there
+    doctor = run_evora(["doctor", *RUN, f"task.judge.url=http://127.0.0.1:{closed}/v1"], cwd=out)
+    assert doctor.returncode == 1 and f'task.judge.url="http://127.0.0.1:{closed}/v1": the judge does not answer' in (
+        doctor.stdout + doctor.stderr
+    )
+
+
 def test_a_judge_that_answers_no_score_is_counted_and_stops_the_run(judge_port):
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
     result = judged(out, judge_port, "generations=2", "task.judge.score_pattern=NOSCORE")
