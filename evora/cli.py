@@ -207,8 +207,9 @@ def eval_main(argv: list[str]) -> None:
         from evora.distributed.eval_job import run_evaluation, run_portfolio_evaluation
 
         if "benchmarks" in options:
-            from evora.jobs.benchmarks import benchmark
+            from evora.jobs.benchmarks import benchmark, benchmark_environment
 
+            os.environ.update(benchmark_environment(run))
             return print(Path(benchmark(run, adapter, options, Path(out))["paths"][0]).read_text(), end="")
         plan = job_plan(run, overrides)
         if routed:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,15 +291,21 @@ def run_benchmarks(
 
 def benchmark(run: RunConfig, adapter: str | None, options: dict[str, str], out: Path) -> dict[str, Any]:
     """`evora eval benchmarks=[a,b]`: lm-eval's tasks on the export and the base model."""
-    from evora.distributed.worker_spec import engine_spec
-    from evora.engines.environment import engine_environment
-
     if adapter is None:
         raise ConfigError("benchmarks=...: adapter= names a PEFT adapter, a model folder or a routing.json")
     tasks = [t.strip() for t in options["benchmarks"].strip("[]").split(",") if t.strip()]
     if not tasks:
         raise ConfigError(f"benchmarks={options['benchmarks']}: tasks as [a,b]")
     lm_eval_options = LmEvalOptions.of(options)
-    if run.engine.name == "vllm":  # lm-eval's vLLM engine runs in this process: the environment evora's engines get
-        os.environ.update(engine_environment("vllm", engine_spec(run, locate_model(run.model.path).path)))
     return run_benchmarks(run, adapter, tasks, out, options.get("benchmarks_path"), lm_eval_options)
+
+
+def benchmark_environment(run: RunConfig) -> dict[str, str]:
+    """What the process that runs `benchmark` sets first: lm-eval's vLLM engine runs in it, and gets
+    the environment evora's engines get."""
+    from evora.distributed.worker_spec import engine_spec
+    from evora.engines.environment import engine_environment
+
+    if run.engine.name != "vllm":
+        return {}
+    return engine_environment("vllm", engine_spec(run, locate_model(run.model.path).path))
