@@ -55,6 +55,10 @@ def parse_score(judge: JudgeConfig, reply: str) -> Outcome:
     return Outcome(value, value >= correct_at)
 
 
+def api_key(judge: JudgeConfig) -> str:
+    return os.environ.get(judge.api_key_env) or "none"  # a local server takes any key
+
+
 PROBE_TIMEOUT_S = 10.0  # the judge's answer to the plan's one request for its models
 
 
@@ -65,7 +69,7 @@ def check_judge(judge: JudgeConfig) -> None:
 
     client = openai.OpenAI(
         base_url=judge.url,
-        api_key=os.environ.get(judge.api_key_env) or "none",
+        api_key=api_key(judge),
         timeout=PROBE_TIMEOUT_S,
         max_retries=0,
     )
@@ -88,7 +92,6 @@ class JudgeRewards:
 
     def __init__(self, cfg: TaskConfig):
         self.cfg, self.judge = cfg, cfg.judge
-        self.api_key = os.environ.get(self.judge.api_key_env) or "none"
 
     def score(self, completions: Sequence[str], examples: Sequence[Example]) -> Scores:
         outcomes = asyncio.run(self._all(list(completions), list(examples)))
@@ -97,7 +100,7 @@ class JudgeRewards:
     async def _all(self, completions: list[str], examples: list[Example]) -> list[Outcome]:
         judge = self.judge
         client = openai.AsyncOpenAI(
-            base_url=judge.url, api_key=self.api_key, timeout=judge.timeout_s, max_retries=judge.retries
+            base_url=judge.url, api_key=api_key(judge), timeout=judge.timeout_s, max_retries=judge.retries
         )
         limit = asyncio.Semaphore(judge.concurrency)
         async with client:
