@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from evora.errors import ConfigError, EvoraError
-from evora.plan.compose import CONF_DIR, resolve_strategy_overrides, setup, to_run_config
+from evora.plan.compose import CONF_DIR, resolve_named_overrides, setup, to_run_config
 from evora.plan.jobs import job_plan, preflight
 from evora.strategies import get_strategy
 from evora.tracking.events import Event, OnEvent
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         SUBCOMMANDS[argv[0]](argv[1:])
         return
     try:
-        argv = resolve_strategy_overrides(argv)  # a user's strategy by import path -> strategy=<its name>
+        argv = resolve_named_overrides(argv)  # a user's strategy or task by import path -> <group>=<its name>
         preflight(argv)
     except EvoraError as error:
         _die(error)

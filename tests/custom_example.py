@@ -1,6 +1,6 @@
 """A user's own reward function and task class, loaded by dotted path in tests."""
 
-from evora.tasks.addition import AdditionTask
+from evora.tasks.builtin.addition import AdditionTask
 
 
 def shout_score(completion: str, example) -> float:

@@ -80,6 +80,9 @@ class RewardModelConfig:
 
 @dataclass(frozen=True)
 class TaskConfig:
+    """The keys every task has; a task's own keys are in its config, a subclass registered with it
+    (evora.tasks.registry)."""
+
     name: str = "addition"  # a registered task, or a class path like mypkg.tasks:MyTask
     train_size: int = 2048
     selection_size: int = 0
@@ -96,9 +99,6 @@ class TaskConfig:
     reward: Optional[str] = None
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    scorer: str = "exact"  # jsonl task: exact | numeric | fuzzy | regex | contains | choice
-    prompt_field: str = "prompt"  # jsonl task
-    answer_field: str = "answer"  # jsonl task
     fitness: str = "reward"  # per-candidate fitness from reward, accuracy, perplexity, tokens, kl
     kl_penalty: float = 0.0  # beta: fitness - beta * (mean per-token KL of the candidate's completions to the base)
     # Decoding during search (train prompts); greedy (temperature 0, one sample) is the ES paper's setting.
@@ -121,15 +121,6 @@ class TaskConfig:
     reward_batch_size: int = 64  # a batched user reward: completions per call (each call with the deadline)
     reward_memory_mb: Optional[int] = 4096  # address-space limit of a reward process; null: none
     split: str = "shuffled"  # shuffled: seeded shuffle | ordered: train from the data's head, held-out from its tail
-    number_rule: str = "all_exactly_once"  # countdown: all_exactly_once (the paper) | at_most_once
-    answer_block: str = "last"  # countdown: which <answer> block is scored: last (the paper) | first
-    # conciseness: a completion's length as generated (the paper: the decoded text, whitespace
-    # included) | stripped (surrounding whitespace left out)
-    length_measure: str = "generated"
-    families: dict[str, float] = field(default_factory=dict)  # task=mix: family (a task name) -> weight
-    heldout_families: list[str] = field(default_factory=list)  # task=mix: families only in the held-out split
-    lm_eval_task: Optional[str] = None  # task=lm_eval: an lm-evaluation-harness task's name
-    lm_eval_path: Optional[str] = None  # task=lm_eval: a folder of your own lm-eval task YAMLs (include_path)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from evora.config.schema import RunConfig
 from evora.lora.peft_io import CONFIG_FILE as ADAPTER_CONFIG
 from evora.models import locate_model
-from evora.plan.compose import compose_run, group_options
+from evora.plan.compose import compose_run, is_option
 from evora.strategies.registry import get_strategy
 from evora.tracking.run_dir import REDACTED, config_dict
 from evora.version import __version__
@@ -80,8 +80,9 @@ def leaves(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
 def reproducing_overrides(run: RunConfig) -> list[str]:
     """The config groups the run chose and every key it set apart from their composition. A
     group whose name is none of its options (`model.name=my_model`, a task class by import
-    path) is left at the default option, and its keys that differ are set one by one."""
-    choices = [f"{group}={getattr(run, group).name}" for group in GROUPS if _is_option(group, getattr(run, group).name)]
+    path that is not registered) is left at the default option, and its keys that differ are set
+    one by one."""
+    choices = [f"{group}={getattr(run, group).name}" for group in GROUPS if is_option(group, getattr(run, group).name)]
     composed = dict(leaves(config_dict(compose_run(choices, validated=False))))
     overrides = list(choices)
     for key, value in leaves(config_dict(run)):
@@ -89,11 +90,6 @@ def reproducing_overrides(run: RunConfig) -> list[str]:
             continue
         overrides.append(f"{'' if key in composed else '+'}{key}={hydra_value(value)}")
     return overrides
-
-
-def _is_option(group: str, name: str) -> bool:
-    """A strategy's name always is: by import path or entry point it resolves (compose_run)."""
-    return group == "strategy" or name in group_options(group)
 
 
 def reproduce_command(run: RunConfig) -> str:

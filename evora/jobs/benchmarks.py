@@ -29,7 +29,7 @@ from evora.errors import ConfigError
 from evora.lora.peft_io import CONFIG_FILE as ADAPTER_CONFIG
 from evora.lora.peft_io import read_adapter_config
 from evora.models import locate_model
-from evora.tasks.lm_eval_task import reading_from
+from evora.tasks.builtin.lm_eval_task import reading_from
 
 BACKENDS = {"vllm": "vllm", "hf": "hf"}  # evora engine -> lm-eval model type
 RESULT_FIELDS = ("name", "alias", "sample_len", "samples")  # lm-eval's per-task keys that are no metric

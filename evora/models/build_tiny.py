@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from evora.models import BUNDLED_DIR
-from evora.tasks.addition import heldout_pairs, prompt_of, training_pairs
-from evora.tasks.countdown import countdown_prompt, generate_problem
+from evora.tasks.builtin.addition import heldout_pairs, prompt_of, training_pairs
+from evora.tasks.builtin.countdown import countdown_prompt, generate_problem
 
 if TYPE_CHECKING:
     from tokenizers.pre_tokenizers import PreTokenizer

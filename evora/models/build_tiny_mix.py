@@ -2,7 +2,7 @@
 
 Like `build_tiny`, a byte-level BPE tokenizer (digits and the letters of words one per
 token) and a 2-layer Llama trained from scratch for a few minutes on synthetic text, here
-of four task families (`evora.tasks.addition` and `evora.tasks.families`):
+of four task families (`evora.tasks.builtin.addition` and `evora.tasks.builtin.families`):
 
     <bos>12+34=46<eos>                              addition
     <bos>57-23=34 80-7=73<eos>                      difference
@@ -32,8 +32,8 @@ import torch
 
 from evora.models import BUNDLED_DIR
 from evora.models.build_tiny import EOS, PAD, _portable_tokenizer_class, batch_of, bpe_tokenizer, build_model
-from evora.tasks import addition
-from evora.tasks.families import FAMILIES
+from evora.tasks.builtin import addition
+from evora.tasks.builtin.families import FAMILIES
 from evora.tasks.rewards.exact import exact_answer
 
 if TYPE_CHECKING:

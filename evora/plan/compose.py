@@ -9,16 +9,17 @@ import itertools
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from evora.config import schema
 from evora.errors import ConfigError
-from evora.plan.store import register, register_strategy_option, writable_schema
+from evora.plan.store import register, register_option, writable_schema
 from evora.plan.validate import validate
 from evora.strategies import get_strategy, strategy_names
+from evora.tasks import get_task, task_names
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "task", "strategy", "engine", "hardware", "tracking")
@@ -71,33 +72,68 @@ def setup() -> None:
         OmegaConf.register_new_resolver("evora_run_dir", _run_dir, use_cache=True)
 
 
+def _strategy_named(value: str) -> tuple[str, type] | None:
+    entry = get_strategy(value)
+    return entry.name, entry.config
+
+
+def _task_named(value: str) -> tuple[str, type] | None:
+    entry = get_task(value)
+    return (entry.name, entry.config) if entry.name in task_names() else None  # a class not registered: no option
+
+
+# group -> (its registered names, what a name or import path resolves to: (option, config), or None)
+REGISTRIES: dict[str, tuple[Callable[[], Iterable[str]], Callable[[str], tuple[str, type] | None]]] = {
+    "strategy": (strategy_names, _strategy_named),
+    "task": (task_names, _task_named),
+}
+
+
 def group_options(group: str) -> list[str]:
-    """A group's options: its YAML files (and, for strategy, every registered strategy)."""
+    """A group's options: its YAML files (and, for strategy and task, every registered name)."""
     options = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
-    return sorted(options | set(strategy_names())) if group == "strategy" else sorted(options)
+    if group in REGISTRIES:
+        options |= set(REGISTRIES[group][0]())
+    return sorted(options)
 
 
-def resolve_strategy_overrides(overrides: list[str]) -> list[str]:
+def is_option(group: str, name: str) -> bool:
+    """Whether `<group>=<name>` composes: a YAML or registered name, or an import path (or an
+    entry point's name) that the group's registry resolves."""
+    if name in group_options(group):
+        return True
+    try:
+        return group in REGISTRIES and REGISTRIES[group][1](name) is not None
+    except ConfigError:
+        return False
+
+
+def resolve_named_overrides(overrides: list[str]) -> list[str]:
     """`strategy.name=<module>:<class>` or `strategy=<module>:<class>` (or an entry point's
-    name) becomes `strategy=<registered name>`, with that strategy's config as the option."""
+    name) becomes `strategy=<registered name>`, with that strategy's config as the option; the
+    same for a task class registered with its config (`task.name=mypkg.tasks:MyTask`)."""
     resolved = []
     for text in overrides:
         key, _, value = text.partition("=")
-        named = key in ("strategy", "strategy.name") and (
-            ":" in value or (key == "strategy" and value not in group_options("strategy") and "," not in value)
+        group = key.removesuffix(".name")
+        named = group in REGISTRIES and (
+            ":" in value or (key == group and value not in group_options(group) and "," not in value)
         )
         if not named:
             resolved.append(text)
             continue
         try:
-            entry = get_strategy(value)
+            found = REGISTRIES[group][1](value)
         except ConfigError:
             if ":" in value:
                 raise
-            resolved.append(text)  # not an entry point either: the group check names the options
+            found = None  # not an entry point either: the group check names the options
+        if found is None:
+            resolved.append(text)
             continue
-        register_strategy_option(entry, value)
-        resolved.append(f"strategy={entry.name}")
+        option, config = found
+        register_option(group, option, config, value)
+        resolved.append(f"{group}={option}")
     return resolved
 
 
@@ -118,10 +154,16 @@ def to_run_config(cfg: DictConfig) -> schema.RunConfig:
 
 
 def run_config_from_dict(data: dict[str, Any]) -> schema.RunConfig:
-    """A RunConfig from a saved config.yaml (resume)."""
+    """A RunConfig from a saved config.yaml (resume), its strategy and task typed by name."""
     base = writable_schema(schema.RunConfig)
     base.strategy = writable_schema(get_strategy(data["strategy"]["name"]).config)
-    return OmegaConf.to_object(OmegaConf.merge(base, data))  # type: ignore[return-value]  # as above
+    task_config = get_task(data["task"]["name"]).config
+    base.task = writable_schema(task_config)
+    # A saved config was valid when written, so a task key its config lacks comes from before tasks
+    # were typed, when every task carried every task's keys: it was unused, and is dropped.
+    known = {f.name for f in dataclasses.fields(task_config)}
+    saved = {**data, "task": {k: v for k, v in data["task"].items() if k in known}}
+    return OmegaConf.to_object(OmegaConf.merge(base, saved))  # type: ignore[return-value]  # as above
 
 
 def overrides_of(argv: list[str]) -> list[str] | None:
@@ -204,7 +246,7 @@ def _composition_error(error: Exception) -> ConfigError:
 
 def compose_run(overrides: list[str], validated: bool = True) -> schema.RunConfig:
     """Compose and validate one job; every problem is a one-line ConfigError."""
-    overrides = resolve_strategy_overrides([o for o in overrides if not o.lstrip("+~").startswith("hydra")])
+    overrides = resolve_named_overrides([o for o in overrides if not o.lstrip("+~").startswith("hydra")])
     _check_group_choices(overrides)
     try:
         run = to_run_config(compose(overrides))

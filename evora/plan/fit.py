@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from evora.config.checks import fail
 from evora.config.schema import RunConfig, vllm_lora_rank
 from evora.models.memory import GIB, estimate
 from evora.strategies import get_strategy
-from evora.strategies.checks import fail
 from evora.strategies.protocol import FULL_WEIGHT
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evora.config.checks import choice, fail, require
 from evora.config.schema import RunConfig
 from evora.lora.layout import AdapterLayout, build_layout
 from evora.lora.modules import ModelModules, model_modules
@@ -26,12 +27,12 @@ from evora.models.parameters import count_parameters
 from evora.plan.validate import ENGINES
 from evora.strategies import get_strategy
 from evora.strategies.budget import Budget, budget_of, matched_run
-from evora.strategies.checks import choice, fail, require
 from evora.strategies.protocol import FULL_WEIGHT
 from evora.strategies.registry import StrategyEntry
 from evora.tasks import build_task
-from evora.tasks.base import AnswerTask, Splits, Task, reads_hub_data
+from evora.tasks.base import AnswerTask, Splits, Task
 from evora.tasks.fitness import FitnessExpression, task_fitness
+from evora.tasks.registry import reads_hub_data
 
 MIN_FREE_MIB = 64  # room for a run folder's config, metrics and first checkpoints
 

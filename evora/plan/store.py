@@ -11,9 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from evora.config import schema
 from evora.strategies import entries
-from evora.strategies.registry import StrategyEntry
+from evora.tasks import registry as tasks
 
-# (group, stored name) -> schema dataclass; each strategy's comes from the registry.
+# (group, stored name) -> schema dataclass; each strategy's and each task's come from their registries.
 SCHEMAS: dict[tuple[str, str], type] = {
     ("model", "schema"): schema.ModelConfig,
     ("task", "schema"): schema.TaskConfig,
@@ -46,12 +46,14 @@ def register() -> None:
         store.store(group=group, name=name, node=writable_schema(cls))
     for entry in entries():
         store.store(group="strategy", name=f"{entry.name}_schema", node=writable_schema(entry.config))
+    for task in tasks.entries():
+        store.store(group="task", name=f"{task.name}_schema", node=writable_schema(task.config))
 
 
-def register_strategy_option(entry: StrategyEntry, name: str) -> None:
-    """`strategy=<entry.name>` for a strategy with no YAML of its own (a user's, named by
+def register_option(group: str, option: str, config: type, name: str) -> None:
+    """`<group>=<option>` for a strategy or task with no YAML of its own (a user's, named by
     import path or entry point): its config's defaults, with `name` set to how it was
     named, so a saved config.yaml finds it again on resume."""
-    node = writable_schema(entry.config)
+    node = writable_schema(config)
     node.name = name
-    ConfigStore.instance().store(group="strategy", name=entry.name, node=node)
+    ConfigStore.instance().store(group=group, name=option, node=node)

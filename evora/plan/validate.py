@@ -11,10 +11,10 @@ import dataclasses
 import math
 from typing import Any
 
+from evora.config.checks import choice, fail, require
 from evora.config.schema import VLLM_LORA_RANKS, RunConfig, TaskConfig
 from evora.lora.layout import AUTO
 from evora.strategies import get_strategy
-from evora.strategies.checks import choice, fail, require
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINES = ("vllm", "hf")
@@ -96,22 +96,13 @@ def _check_lora(run: RunConfig) -> None:
 
 
 def _check_task(run: RunConfig) -> None:
-    from evora.tasks import task_names
-    from evora.tasks.base import SPLITS, load_object, task_class
-    from evora.tasks.conciseness import LENGTH_MEASURES
+    from evora.tasks import get_task
+    from evora.tasks.base import SPLITS
     from evora.tasks.fitness import parse_fitness
     from evora.tasks.prompts import FORMATS
-    from evora.tasks.rewards.countdown import ANSWER_BLOCKS, NUMBER_RULES
-    from evora.tasks.rewards.scorers import SCORERS
 
     task = run.task
-    if ":" in task.name:
-        load_object(task.name, "task.name")
-    else:
-        choice("task.name", task.name, task_names())
-        check = getattr(task_class(task.name), "check", None)  # a task's own rules (task=mix: its families)
-        if check is not None:
-            check(task)
+    get_task(task.name).check(task)  # its config's type, and the task's own rules
     require(task.train_size >= 1, "task.train_size", task.train_size, "must be >= 1")
     require(task.selection_size >= 0, "task.selection_size", task.selection_size, "must be >= 0")
     require(task.eval_size >= 1, "task.eval_size", task.eval_size, "must be >= 1")
@@ -128,19 +119,13 @@ def _check_task(run: RunConfig) -> None:
         f"must be in 1..model.max_model_len - 1 ({run.model.max_model_len - 1})",
     )
     choice("task.prompt_format", task.prompt_format, FORMATS)
-    choice("task.scorer", task.scorer, tuple(SCORERS))
     choice("task.split", task.split, SPLITS)
-    choice("task.number_rule", task.number_rule, NUMBER_RULES)
-    choice("task.answer_block", task.answer_block, ANSWER_BLOCKS)
-    choice("task.length_measure", task.length_measure, LENGTH_MEASURES)
     require(task.reward_timeout_s > 0, "task.reward_timeout_s", task.reward_timeout_s, "must be > 0 (seconds)")
     require(task.reward_workers >= 1, "task.reward_workers", task.reward_workers, "must be >= 1")
     if task.reward_memory_mb is not None:
         require(task.reward_memory_mb >= 64, "task.reward_memory_mb", task.reward_memory_mb, "must be >= 64, or null")
     parse_fitness(task.fitness)
     _check_reward(task)
-    if task.data_path is None and task.name == "jsonl":
-        raise fail("task.data_path", None, "task=jsonl needs a JSONL, JSON or parquet file")
 
 
 def _check_reward(task: TaskConfig) -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from evora.config.checks import choice, require
 from evora.lora.base_weights import per_layer_scales
 from evora.lora.init import adapter_from_path, random_adapter
-from evora.strategies.checks import choice, require
 from evora.strategies.protocol import StrategyContext, Tensors
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from evora.strategies.checks import choice, fail, require
+from evora.config.checks import choice, fail, require
 
 MEASURES = ("flops", "tokens", "seconds")
 

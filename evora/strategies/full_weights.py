@@ -30,10 +30,10 @@ from typing import Any, Protocol, Sequence, TypeVar
 
 import torch
 
+from evora.config.checks import require
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
 from evora.lora.noise import DenseNoise, in_parallel
-from evora.strategies.checks import require
 from evora.strategies.protocol import CandidateSpec, GenerationResults, Strategy
 from evora.strategies.shaping import shaping_input
 

@@ -74,31 +74,6 @@ class AnswerTask(Protocol):
     def answer(self, completion: str, example: Example) -> str | None: ...
 
 
-_TASKS: dict[str, type] = {}
-_HUB_DATA: set[str] = set()  # tasks whose data comes from the hub unless task.data_path is set
-
-
-def register_task(name: str, hub_data: bool = False) -> Callable[[type], type]:
-    def add(cls: type) -> type:
-        setattr(cls, "name", name)
-        setattr(cls, "plain_template", getattr(cls, "plain_template", "{prompt}"))
-        _TASKS[name] = cls
-        if hub_data:
-            _HUB_DATA.add(name)
-        return cls
-
-    return add
-
-
-def reads_hub_data(cfg: TaskConfig) -> bool:
-    """Whether building the task downloads its data (a hub dataset, not a local file)."""
-    return cfg.data_path is None and (cfg.name in _HUB_DATA or (cfg.dataset is not None and ":" not in cfg.name))
-
-
-def registered_tasks() -> tuple[str, ...]:
-    return tuple(sorted(_TASKS))
-
-
 def load_object(dotted: str, key: str) -> Any:
     """`package.module:attribute` -> the attribute; ConfigError naming `key` otherwise."""
     module_name, _, attribute = dotted.partition(":")
@@ -108,18 +83,6 @@ def load_object(dotted: str, key: str) -> Any:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
         raise ConfigError(f'{key}="{dotted}": cannot load it ({type(error).__name__}: {error})') from None
-
-
-def task_class(name: str) -> type:
-    """A registered task, or a user's task class given as `package.module:Class`."""
-    if ":" in name:
-        return load_object(name, "task.name")
-    if name not in _TASKS:
-        raise ConfigError(
-            f'task.name="{name}": unknown task; allowed: {", ".join(registered_tasks())}, '
-            "or a class path like mypkg.tasks:MyTask"
-        )
-    return _TASKS[name]
 
 
 class CustomReward:
@@ -176,13 +139,6 @@ SERVED_REWARDS = ("judge", "reward_model")  # task.reward values scored by a mod
 def is_user_reward(cfg: TaskConfig) -> bool:
     """A reward from a user's code (task.reward, or a task class by import path): run isolated."""
     return (cfg.reward is not None and cfg.reward not in SERVED_REWARDS) or ":" in cfg.name
-
-
-def build_task(cfg: TaskConfig, seed: int) -> Task:
-    task = task_class(cfg.name)(cfg, seed)
-    if cfg.reward is not None and cfg.reward not in SERVED_REWARDS:
-        return CustomReward(task, load_object(cfg.reward, "task.reward"))
-    return task
 
 
 SPLITS = ("shuffled", "ordered")

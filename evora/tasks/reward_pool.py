@@ -24,7 +24,8 @@ from typing import Callable, Sequence
 from pebble import ProcessPool
 
 from evora.config.schema import TaskConfig
-from evora.tasks.base import CustomReward, Example, Task, build_task, is_user_reward
+from evora.tasks.base import CustomReward, Example, Task, is_user_reward
+from evora.tasks.registry import build_task
 from evora.tasks.scores import ERROR, FAILED, TIMEOUT, Outcome, Scorer, Scores, failure_message
 
 

@@ -13,10 +13,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from evora.config.checks import require
 from evora.lora.init import random_adapter
 from evora.lora.noise import gaussian, noise_key
 from evora.strategies import register_strategy
-from evora.strategies.checks import require
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told
 
 

@@ -6,7 +6,7 @@ and a local JSONL, relative to the task's folder, from which lm-eval's own calls
   `simple_evaluate` called here on the same model and adapter with the backend's documented arguments
   (under hf one-shot, under a chat template, with the samples written), and the difference's
   standard error is the paired one of lm-eval's own per-document values;
-- an ES run on `task=lm_eval` (evora/tasks/lm_eval_task.py): the held-out rewards it reports are
+- an ES run on `task=lm_eval` (evora/tasks/builtin/lm_eval_task.py): the held-out rewards it reports are
   lm-eval's own metric of the completions it lists."""
 
 from __future__ import annotations

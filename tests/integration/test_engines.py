@@ -6,14 +6,13 @@ import os
 import pytest
 import torch
 
-from evora.config.schema import TaskConfig
 from evora.engines import AdapterRef, EngineSpec, create_engine
 from evora.engines.adapter_store import AdapterScratch, sweep_run_scratch
 from evora.lora.init import random_adapter
 from evora.lora.layout import build_layout
-from evora.tasks import build_task
-from evora.tasks.addition import heldout_pairs, prompt_of
-from evora.tasks.countdown import countdown_prompt
+from evora.tasks import build_task, task_config
+from evora.tasks.builtin.addition import heldout_pairs, prompt_of
+from evora.tasks.builtin.countdown import countdown_prompt
 
 PROMPT_TEXTS = [prompt_of(a, b) for a, b in heldout_pairs()[7::40]][:28] + [
     countdown_prompt([3, 5, 7], 22),
@@ -226,7 +225,7 @@ def test_adapters_held_in_memory_serve_what_their_files_serve(vllm_engine, scrat
 def test_tiny_model_base_accuracy_is_clearly_between_0_and_1(vllm_engine, tokenizer):
     """The quickstart needs room to improve: the base model answers just the sum about
     half the time (it knows most sums but often keeps writing)."""
-    heldout = build_task(TaskConfig(name="addition", eval_size=256), seed=0).splits().heldout
+    heldout = build_task(task_config("addition", eval_size=256), seed=0).splits().heldout
     pairs = [(e.data["a"], e.data["b"]) for e in heldout]
     out = vllm_engine.generate([tokenizer(e.prompt).input_ids for e in heldout], [None] * len(pairs), 8)
     exact = sum(c.text.strip() == str(a + b) for c, (a, b) in zip(out, pairs)) / len(pairs)
@@ -281,7 +280,7 @@ def test_perplexity_of_vllm_and_hf_agree_within_one_percent(vllm_engine, hf_engi
     from evora.tasks.prompts import PromptRenderer
 
     renderer = PromptRenderer(tokenizer, "plain")
-    examples = build_task(TaskConfig(name="addition", eval_size=32), seed=0).splits().heldout
+    examples = build_task(task_config("addition", eval_size=32), seed=0).splits().heldout
     prompts = [renderer.ids(e) for e in examples]
     targets = [renderer.target_ids(e) for e in examples]
     ref = scratch.write("ppl", random_adapter(layout, seed=3, a_std=None, b_std=0.5), layout, torch.float32)
@@ -375,7 +374,7 @@ def test_vllm_top_k_kl_is_close_to_the_exact_kl(vllm_engine, hf_engine, scratch,
     from evora.tasks.prompts import PromptRenderer
 
     renderer = PromptRenderer(tokenizer, "plain")
-    prompts = [renderer.ids(e) for e in build_task(TaskConfig(name="addition", eval_size=32), seed=0).splits().heldout]
+    prompts = [renderer.ids(e) for e in build_task(task_config("addition", eval_size=32), seed=0).splits().heldout]
     n = len(prompts)
     mild, strong, zero = (
         scratch.write(f"kl{i}", random_adapter(layout, seed=3 + i, a_std=None, b_std=b_std), layout, torch.float32)

@@ -47,6 +47,7 @@ def test_a_user_strategy_runs_checkpoints_resumes_and_compares(user_package, tmp
         f"strategy.name={STRATEGY}",
         "strategy.population=4",
         "task.name=userpkg.tasks:ReverseTask",
+        "task.max_letters=4",  # the user's task's own key (its registered config)
         "model.name=my_model",
         *SMALL[1:],
         "engine=hf",  # the plugin is the point, not the engine
@@ -58,6 +59,7 @@ def test_a_user_strategy_runs_checkpoints_resumes_and_compares(user_package, tmp
     run_dir = only_run_dir(tmp_path)
     assert "strategy random_search" in first.stdout and "best" in first.stdout
     assert load(run_dir / "checkpoints" / "latest.pt")["strategy"] == STRATEGY
+    assert "max_letters: 4" in (run_dir / "config.yaml").read_text()  # resumed below: typed by the task's name
 
     resumed = run_evora([f"resume={run_dir}", "generations=3"], cwd=tmp_path, env=env)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-4000:]
@@ -70,7 +72,8 @@ def test_a_user_strategy_runs_checkpoints_resumes_and_compares(user_package, tmp
     assert all(r["winner_solved"] >= 0 for r in read_metrics(run_dir)[1:])  # tell saw the per-prompt matrix
     # The finish's cards, with a command that names the user's model and task as keys.
     card = (run_dir / "adapters" / "incumbent" / "README.md").read_text()
-    assert "model.name=my_model" in card and "task.name=userpkg.tasks:ReverseTask" in card and "model=" not in card
+    assert "model.name=my_model" in card and "model=" not in card
+    assert "task=userpkg.tasks:ReverseTask" in card and "task.max_letters=4" in card  # a registered task composes
 
     compared = run_evora(["compare", str(run_dir), "--out", str(tmp_path / "cmp")], cwd=tmp_path)
     assert compared.returncode == 0, compared.stderr[-3000:]

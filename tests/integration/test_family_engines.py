@@ -21,7 +21,7 @@ from evora.strategies.eggroll import EggrollConfig, EggrollStrategy
 from evora.strategies.es import ESConfig, EvolutionStrategy
 from evora.strategies.full_weights import matrix_name, transposed_matrices
 from evora.strategies.protocol import StrategyContext, fitness_results
-from evora.tasks.addition import heldout_pairs, prompt_of
+from evora.tasks.builtin.addition import heldout_pairs, prompt_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("family-engines")]
 DENSE = ["qwen2", "qwen3", "mistral", "gemma2", "phi3"]

@@ -13,8 +13,8 @@ from evora.engines import EngineSpec, Sampling, create_engine
 from evora.engines.adapter_store import AdapterScratch
 from evora.lora.init import random_adapter
 from evora.lora.layout import build_layout
-from evora.tasks.addition import heldout_pairs, prompt_of
-from evora.tasks.countdown import countdown_prompt
+from evora.tasks.builtin.addition import heldout_pairs, prompt_of
+from evora.tasks.builtin.countdown import countdown_prompt
 
 PROMPT_TEXTS = [prompt_of(a, b) for a, b in heldout_pairs()[5::40]][:14] + [countdown_prompt([3, 5, 7], 22), "7+"]
 MAX_TOKENS = 12

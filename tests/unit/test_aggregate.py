@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evora.config.schema import TaskConfig
-from evora.tasks import build_task
+from evora.tasks import build_task, task_config
 from evora.tasks.aggregate import AGGREGATES, CellOutcome, aggregate, majority_index, max_at_k, pass_at_k
 from evora.tasks.base import AnswerTask
 
@@ -169,7 +168,7 @@ def test_aggregate_rejects_unknown_methods_and_mismatched_lengths():
 
 
 def task(name, **kwargs):
-    return build_task(TaskConfig(name=name, **kwargs), seed=0)
+    return build_task(task_config(name, **kwargs), seed=0)
 
 
 def pool(t):
@@ -266,7 +265,7 @@ def test_tasks_without_a_canonical_answer(tmp_path):
     assert not isinstance(task("conciseness", train_size=2, eval_size=8), AnswerTask)
     for scorer in ("fuzzy", "regex", "contains"):
         assert not isinstance(task("jsonl", data_path=str(DATA / "qa.jsonl"), scorer=scorer), AnswerTask)
-    custom = build_task(TaskConfig(name="addition", reward="custom_example:shout_score"), seed=0)
+    custom = build_task(task_config("addition", reward="custom_example:shout_score"), seed=0)
     assert not isinstance(custom, AnswerTask)
 
 

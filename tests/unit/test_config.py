@@ -165,7 +165,9 @@ def test_configs_are_frozen():
         ("task.fitness=loss", 'task.fitness="loss": unknown name "loss"'),
         ("task.prompt_format=html", 'task.prompt_format="html": allowed: auto, chat, plain'),
         ("task.reward=nowhere:score", 'task.reward="nowhere:score": cannot load it'),
-        ("task.scorer=bleu", 'task.scorer="bleu": allowed:'),
+        (f"task=jsonl task.data_path={DATA / 'qa.jsonl'} task.scorer=bleu", 'task.scorer="bleu": allowed:'),
+        ("task.scorer=exact", "task.scorer: unknown key; allowed: name, train_size,"),  # jsonl's key, not addition's
+        ("task=countdown task.number_rule=some", 'task.number_rule="some": allowed: all_exactly_once,'),
         (
             f"task=jsonl task.data_path={DATA / 'qa.jsonl'}",
             "task.prompts_per_generation=32: the data gives only 0 train",

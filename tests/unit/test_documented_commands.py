@@ -97,7 +97,7 @@ def placeholders(tmp_path_factory):
     import random
 
     from conftest import make_summary
-    from evora.tasks.countdown import generate_problem
+    from evora.tasks.builtin.countdown import generate_problem
 
     folder = tmp_path_factory.mktemp("placeholders")
     rng = random.Random(0)

@@ -13,7 +13,6 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from evora.config.schema import TaskConfig
 from evora.distributed.evaluate import candidate_texts
 from evora.distributed.worker import UnitResult
 from evora.errors import ConfigError
@@ -24,7 +23,7 @@ from evora.plan.compose import compose_run
 from evora.strategies.ecology import Ecology, EcologyConfig, EcologyState
 from evora.strategies.ecology.strategy import PROBE, SERVE
 from evora.strategies.protocol import GenerationResults, StrategyContext, TrainingContext, state_fields
-from evora.tasks import build_task
+from evora.tasks import build_task, task_config
 from evora.tasks.prompts import PromptRenderer
 
 TINY = locate_model("evora:tiny").path
@@ -32,7 +31,7 @@ SFT = EcologyConfig(organelles=3, plasticity="sft", sft_steps=2, sft_learning_ra
 
 
 def training_context(calls: list | None = None) -> TrainingContext:
-    task = build_task(TaskConfig(name="addition", train_size=32, eval_size=8), seed=0)
+    task = build_task(task_config("addition", train_size=32, eval_size=8), seed=0)
     tokenizer = AutoTokenizer.from_pretrained(TINY)
     renderer = PromptRenderer(tokenizer, "auto", task.plain_template)
     layout = build_layout(

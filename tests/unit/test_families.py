@@ -10,11 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from evora.config.schema import TaskConfig
 from evora.models import build_tiny_mix, locate_model
-from evora.tasks import build_task
-from evora.tasks.addition import is_heldout_pair
-from evora.tasks.families import (
+from evora.tasks import build_task, task_config
+from evora.tasks.builtin.addition import is_heldout_pair
+from evora.tasks.builtin.families import (
     FAMILIES,
     difference_example,
     letter_count_example,
@@ -32,7 +31,7 @@ def item_of(example):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_splits_are_seeded_disjoint_and_heldout_fixed(name):
-    cfg = TaskConfig(name=name, train_size=500, selection_size=50, eval_size=100)
+    cfg = task_config(name, train_size=500, selection_size=50, eval_size=100)
     splits = build_task(cfg, seed=3).splits()
     assert splits == build_task(cfg, seed=3).splits()
     train, selection, held = ({item_of(e) for e in split} for split in (splits.train, splits.selection, splits.heldout))
@@ -82,7 +81,7 @@ def test_examples_carry_their_operands():
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_reward_is_one_for_the_answer_alone(name):
-    task = build_task(TaskConfig(name=name, train_size=8, eval_size=8), seed=0)
+    task = build_task(task_config(name, train_size=8, eval_size=8), seed=0)
     assert task.reward_range == (0.0, 1.0)
     for example in task.splits().train + task.splits().heldout:
         assert task.reward(example.answer, example) == 1.0 and task.correct(f" {example.answer}\n", example)
@@ -91,7 +90,7 @@ def test_reward_is_one_for_the_answer_alone(name):
         for wrong in (run_on, "", example.answer + "1", "x" + example.answer):
             assert task.reward(wrong, example) == 0.0 and not task.correct(wrong, example)
     leading_zero = reversal_example(4820)
-    assert build_task(TaskConfig(name="reversal"), seed=0).reward("284", leading_zero) == 0.0
+    assert build_task(task_config("reversal"), seed=0).reward("284", leading_zero) == 0.0
 
 
 def test_build_info_records_middling_heldout_accuracy_per_family():
@@ -107,7 +106,7 @@ def test_bundled_tiny_mix_answers_part_of_every_family():
     tokenizer = AutoTokenizer.from_pretrained(TINY_MIX)
     model = AutoModelForCausalLM.from_pretrained(TINY_MIX).eval()
     for name in ALL_FAMILIES:
-        task = build_task(TaskConfig(name=name, eval_size=40), seed=0)
+        task = build_task(task_config(name, eval_size=40), seed=0)
         examples = task.splits().heldout
         batch = tokenizer([e.prompt for e in examples], padding=True, padding_side="left", return_tensors="pt")
         out = model.generate(**batch, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)

@@ -11,7 +11,6 @@ import torch
 from transformers import AutoTokenizer
 
 from conftest import make_summary
-from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
 from evora.lora.layout import build_layout
 from evora.lora.modules import adaptable_modules
@@ -21,7 +20,7 @@ from evora.strategies.ga import GAConfig, GeneticAlgorithm
 from evora.strategies.ga.memetic import REFINED
 from evora.strategies.protocol import StrategyContext, TrainingContext
 from evora.strategies.sft import SFTConfig, SupervisedFineTuning
-from evora.tasks import build_task
+from evora.tasks import build_task, task_config
 from evora.tasks.prompts import PromptRenderer
 from evora.tracking.compute import ComputeLedger, Spend, usage_of_summary
 
@@ -29,7 +28,7 @@ TINY = locate_model("evora:tiny").path
 
 
 def context(spent=lambda spend: False, train_size: int = 64) -> TrainingContext:
-    task = build_task(TaskConfig(name="addition", train_size=train_size, eval_size=8), seed=0)
+    task = build_task(task_config("addition", train_size=train_size, eval_size=8), seed=0)
     tokenizer = AutoTokenizer.from_pretrained(TINY)
     renderer = PromptRenderer(tokenizer, "auto", task.plain_template)
     layout = build_layout(

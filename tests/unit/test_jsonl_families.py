@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from evora.config.schema import TaskConfig
 from evora.errors import ConfigError, DataError
 from evora.plan.compose import compose_run
 from evora.plan.jobs import preflight
-from evora.tasks import build_task
+from evora.tasks import build_task, task_config
 
 
 def write_rows(path: Path, rows: list[dict]) -> str:
@@ -34,7 +33,7 @@ def family_rows(families: dict[str, int]) -> list[dict]:
 
 def splits_of(data_path: str, seed: int = 0, **overrides):
     sizes = dict(train_size=100, selection_size=10, eval_size=20, prompts_per_generation=2)
-    return build_task(TaskConfig(name="jsonl", data_path=data_path, **{**sizes, **overrides}), seed).splits()
+    return build_task(task_config("jsonl", data_path=data_path, **{**sizes, **overrides}), seed).splits()
 
 
 def every_split(splits) -> list:

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from evora.config.schema import TaskConfig
 from evora.engines import EngineSpec, create_engine
 from evora.engines.adapter_store import AdapterScratch
 from evora.engines.vllm_engine import top_k_kl
 from evora.lora.init import random_adapter
 from evora.lora.layout import build_layout
-from evora.tasks import build_task
+from evora.tasks import build_task, task_config
 from evora.tasks.prompts import PromptRenderer
 
 # fp32 forwards: PEFT's x @ W + s * (x @ A) @ B against the merged (W + s * B @ A) differ by
@@ -33,7 +32,7 @@ def tokenizer(tiny_path):
 @pytest.fixture(scope="module")
 def prompts(tokenizer) -> list[list[int]]:
     renderer = PromptRenderer(tokenizer, "plain")
-    return [renderer.ids(e) for e in build_task(TaskConfig(name="addition", eval_size=12), seed=0).splits().heldout]
+    return [renderer.ids(e) for e in build_task(task_config("addition", eval_size=12), seed=0).splits().heldout]
 
 
 @pytest.fixture(scope="module")

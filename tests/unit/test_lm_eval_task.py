@@ -1,4 +1,4 @@
-"""task=lm_eval (evora/tasks/lm_eval_task.py) on the repository's lm-eval task (tests/data/lm_eval):
+"""task=lm_eval (evora/tasks/builtin/lm_eval_task.py) on the repository's lm-eval task (tests/data/lm_eval):
 its splits hold every document once with lm-eval's own zero-shot prompt, and its reward is
 lm-eval's own per-document metric of the completion cut where lm-eval's generation stops; the
 kinds of task it does not take are refused in one line, before Ray."""

@@ -7,15 +7,14 @@ from collections import Counter
 
 import pytest
 
-from evora.config.schema import TaskConfig
-from evora.tasks import build_task
-from evora.tasks.mix import shares
+from evora.tasks import build_task, task_config
+from evora.tasks.builtin.mix import shares
 from evora.tasks.prompts import PromptRenderer
 
 
 def mix(**overrides):
     cfg = dict(name="mix", families={"addition": 1, "arithmetic": 3}, train_size=100, eval_size=40, selection_size=20)
-    return build_task(TaskConfig(**{**cfg, **overrides}), seed=3)
+    return build_task(task_config(**{**cfg, **overrides}), seed=3)
 
 
 @pytest.mark.parametrize("total", [0, 1, 7, 100, 101])

@@ -23,7 +23,7 @@ from evora.plan.compose import compose_run
 from evora.plan.jobs import preflight
 from evora.strategies.protocol import GenerationResults
 from evora.strategies.shaping import per_prompt, shape, shaping_input, zscore
-from evora.tasks import build_task
+from evora.tasks import build_task, task_config
 from evora.tasks.decoding import Decoding, eval_decoding, sample_seed, search_decoding
 from evora.tasks.fitness import task_fitness
 
@@ -268,11 +268,10 @@ def test_compare_shows_each_runs_decoding_and_pass_at_k(tmp_path):
 
 
 def test_a_countdown_task_has_no_canonical_answer_and_addition_has_one():
-    from evora.config.schema import TaskConfig
     from evora.tasks.base import AnswerTask
 
-    assert not isinstance(build_task(TaskConfig(name="countdown"), 0), AnswerTask)
-    assert isinstance(build_task(TaskConfig(name="addition"), 0), AnswerTask)
+    assert not isinstance(build_task(task_config("countdown"), 0), AnswerTask)
+    assert isinstance(build_task(task_config("addition"), 0), AnswerTask)
 
 
 # --- per-prompt shaping inside the strategies ----------------------------------------------------

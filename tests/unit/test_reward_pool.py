@@ -9,15 +9,14 @@ import time
 
 import pytest
 
-from evora.config.schema import TaskConfig
-from evora.tasks import build_task
+from evora.tasks import build_task, task_config
 from evora.tasks.reward_pool import InProcessRewards, RewardPool, reward_scorer
 from evora.tasks.scores import TIMEOUT, Outcome, Scores
 
 
 def pool_for(reward: str, **task) -> tuple[RewardPool, tuple]:
-    cfg = TaskConfig(
-        name="addition",
+    cfg = task_config(
+        "addition",
         reward=f"hostile_rewards:{reward}",
         reward_penalty=-1.0,
         reward_timeout_s=2.0,
@@ -47,7 +46,7 @@ def test_a_hostile_reward_scores_the_penalty_and_the_pool_recovers(reward, error
 
 
 def test_the_pool_scores_like_the_task_and_keeps_order():
-    cfg = TaskConfig(name="addition", reward="hostile_rewards:mixed", reward_timeout_s=2.0, reward_memory_mb=512)
+    cfg = task_config("addition", reward="hostile_rewards:mixed", reward_timeout_s=2.0, reward_memory_mb=512)
     task = build_task(cfg, 0)
     examples = [e for e in task.splits().heldout if int(e.answer) % 23 != 0][:12]
     completions = [e.answer if i % 3 else "wrong" for i, e in enumerate(examples)]
@@ -62,7 +61,7 @@ def test_the_pool_scores_like_the_task_and_keeps_order():
 
 
 def test_the_pool_replaces_dead_processes_and_goes_on():
-    cfg = TaskConfig(name="addition", reward="hostile_rewards:mixed", reward_timeout_s=2.0, reward_memory_mb=512)
+    cfg = task_config("addition", reward="hostile_rewards:mixed", reward_timeout_s=2.0, reward_memory_mb=512)
     task = build_task(cfg, 0)
     pool_examples = task.splits().train
     hostile = [e for e in pool_examples if int(e.answer) % 23 == 0]
@@ -80,15 +79,15 @@ def test_the_pool_replaces_dead_processes_and_goes_on():
 
 
 def test_built_in_rewards_stay_in_process():
-    cfg = TaskConfig(name="addition")
+    cfg = task_config("addition")
     assert isinstance(reward_scorer(build_task(cfg, 0), cfg, 0), InProcessRewards)
-    user = TaskConfig(name="addition", reward="custom_example:shout_score")
+    user = task_config("addition", reward="custom_example:shout_score")
     scorer = reward_scorer(build_task(user, 0), user, 0)
     try:
         assert isinstance(scorer, RewardPool)
     finally:
         scorer.close()
-    task_class = TaskConfig(name="custom_example:EvenSumsTask")
+    task_class = task_config("custom_example:EvenSumsTask")
     scorer = reward_scorer(build_task(task_class, 0), task_class, 0)
     try:
         assert isinstance(scorer, RewardPool)
@@ -123,7 +122,7 @@ def test_a_batch_reward_is_called_per_batch_and_a_failed_batch_fails_its_cells_o
     """@evora.batch_reward: one call per task.reward_batch_size completions (each call in some reward
     process, so a batch shares one pid); a batch that raises fails exactly its cells, which are
     NaN and marked failed (task.reward_penalty null), while the other batches score."""
-    cfg = TaskConfig(name="addition", reward="hostile_rewards:batch_pids", reward_batch_size=4, reward_workers=2)
+    cfg = task_config("addition", reward="hostile_rewards:batch_pids", reward_batch_size=4, reward_workers=2)
     examples = build_task(cfg, 0).splits().train[:10]
     pool = reward_scorer(build_task(cfg, 0), cfg, 0)
     try:
@@ -133,7 +132,7 @@ def test_a_batch_reward_is_called_per_batch_and_a_failed_batch_fails_its_cells_o
         pool.close()
     assert len(set(pids[0:4])) == len(set(pids[4:8])) == len(set(pids[8:10])) == 1  # one call each
 
-    cfg = TaskConfig(name="addition", reward="hostile_rewards:batch_raising_on_23", reward_batch_size=3)
+    cfg = task_config("addition", reward="hostile_rewards:batch_raising_on_23", reward_batch_size=3)
     train = build_task(cfg, 0).splits().train
     hostile = next(e for e in train if int(e.answer) % 23 == 0)
     fair = [e for e in train if int(e.answer) % 23 != 0][:5]

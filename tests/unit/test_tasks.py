@@ -5,18 +5,17 @@ from pathlib import Path
 
 import pytest
 
-from evora.config.schema import TaskConfig
 from evora.errors import ConfigError, DataError
-from evora.tasks import build_task, task_names
-from evora.tasks.addition import heldout_pairs, is_heldout_pair, training_pairs
-from evora.tasks.countdown import generate_problem
+from evora.tasks import build_task, task_config, task_names
+from evora.tasks.builtin.addition import heldout_pairs, is_heldout_pair, training_pairs
+from evora.tasks.builtin.countdown import generate_problem
 from evora.tasks.rewards.countdown import answer_score
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def task(name, **kwargs):
-    return build_task(TaskConfig(name=name, **kwargs), seed=0)
+    return build_task(task_config(name, **kwargs), seed=0)
 
 
 def test_registry_lists_the_tasks():
@@ -24,7 +23,7 @@ def test_registry_lists_the_tasks():
 
 
 def test_addition_splits_are_disjoint_and_deterministic():
-    cfg = TaskConfig(name="addition", train_size=500, selection_size=50, eval_size=100)
+    cfg = task_config("addition", train_size=500, selection_size=50, eval_size=100)
     splits = build_task(cfg, seed=3).splits()
     assert splits == build_task(cfg, seed=3).splits()
 
@@ -44,7 +43,7 @@ def test_addition_splits_are_disjoint_and_deterministic():
     "name,kwargs", [("countdown", {}), ("arithmetic", {}), ("jsonl", {"data_path": str(DATA / "qa.jsonl")})]
 )
 def test_generated_and_file_splits_are_disjoint_and_seeded(name, kwargs):
-    cfg = TaskConfig(name=name, train_size=4, selection_size=2, eval_size=2, prompts_per_generation=2, **kwargs)
+    cfg = task_config(name, train_size=4, selection_size=2, eval_size=2, prompts_per_generation=2, **kwargs)
     a, b = build_task(cfg, 0).splits(), build_task(cfg, 0).splits()
     assert a == b
     prompts = [e.prompt for split in (a.train, a.selection, a.heldout) for e in split]
@@ -180,15 +179,15 @@ def test_jsonl_scorers(scorer, completion, expected):
 
 
 def test_custom_reward_and_task_by_dotted_path():
-    t = build_task(TaskConfig(name="addition", reward="custom_example:shout_score"), seed=0)
+    t = build_task(task_config("addition", reward="custom_example:shout_score"), seed=0)
     e = t.splits().train[0]
     assert t.reward(e.answer.upper(), e) == 1.0 and t.correct(e.answer.upper(), e)
-    even = build_task(TaskConfig(name="custom_example:EvenSumsTask", train_size=100), seed=0)
+    even = build_task(task_config("custom_example:EvenSumsTask", train_size=100), seed=0)
     assert even.splits().train and all(int(e.answer) % 2 == 0 for e in even.splits().train)
     with pytest.raises(ConfigError, match='task.reward="custom_example:nope"'):
-        build_task(TaskConfig(name="addition", reward="custom_example:nope"), seed=0)
+        build_task(task_config("addition", reward="custom_example:nope"), seed=0)
     with pytest.raises(ConfigError, match='task.name="nomodule:Task"'):
-        build_task(TaskConfig(name="nomodule:Task"), seed=0)
+        build_task(task_config("nomodule:Task"), seed=0)
 
 
 @pytest.mark.parametrize(

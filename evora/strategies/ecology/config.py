@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from evora.config.checks import choice, fail, require
 from evora.strategies.adapter_init import check_init
-from evora.strategies.checks import choice, fail, require
 
 CONDITIONS = ("frozen", "single", "full")  # the ecology work's three conditions
 PLASTICITY = ("es", "sft", "none")
@@ -83,11 +83,4 @@ def check_ecology(cfg: EcologyConfig, run: Any = None) -> None:
     require(cfg.max_births >= 0, "strategy.max_births", cfg.max_births, "must be >= 0")
     edges = list(cfg.cost_bins)
     require(edges == sorted(edges) and all(e > 0 for e in edges), "strategy.cost_bins", edges, "must rise, above 0")
-    if run is not None:
-        require(
-            bool(run.task.families) or run.task.name != "mix",
-            "task.families",
-            dict(run.task.families),
-            "strategy=ecology on task=mix needs families",
-        )
     check_init(cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from evora.strategies.checks import choice, require
+from evora.config.checks import choice, require
 from evora.strategies.full_weights import check_full_weight
 from evora.strategies.shaping import SHAPINGS
 

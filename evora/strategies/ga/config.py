@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from evora.config.checks import choice, require
 from evora.strategies.adapter_init import check_init
-from evora.strategies.checks import choice, require
 from evora.strategies.shaping import PER_PROMPT
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from evora.config.checks import choice, require
 from evora.strategies.budget import BudgetFields, check_budget
-from evora.strategies.checks import choice, require
 
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from evora.config.checks import choice, require
 from evora.config.schema import VLLM_LORA_RANKS
 from evora.errors import ConfigError
-from evora.strategies.checks import choice, require
 from evora.tasks.fitness import parse_fitness
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from evora.config.checks import require
 from evora.strategies.budget import BudgetFields, check_budget
-from evora.strategies.checks import require
 
 
 @dataclass(frozen=True)

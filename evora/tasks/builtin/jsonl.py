@@ -13,14 +13,17 @@ are families whose rows appear only in the held-out split.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
+from evora.config.checks import choice, fail
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError, DataError
 from evora.tasks.aggregate import choice_answer, exact_answer_text, numeric_answer
-from evora.tasks.base import Example, Splits, register_task, split_examples
+from evora.tasks.base import Example, Splits, split_examples
 from evora.tasks.data import Located, read_records, require
+from evora.tasks.registry import register_task
 from evora.tasks.rewards.scorers import SCORERS
 
 FAMILY_FIELD = "family"
@@ -35,6 +38,14 @@ ANSWERS: dict[str, Callable[[str], str | None]] = {
 }
 
 
+@dataclass(frozen=True)
+class JsonlConfig(TaskConfig):
+    scorer: str = "exact"  # exact | numeric | fuzzy | regex | contains | choice
+    prompt_field: str = "prompt"  # the record field with the prompt
+    answer_field: str = "answer"  # the record field with the answer
+    heldout_families: list[str] = field(default_factory=list)  # families (the `family` field) only held out
+
+
 def family_of(record: dict, where: str) -> str:
     """A record's family: its `family` string; "" (none) when absent or null."""
     family = record.get(FAMILY_FIELD)
@@ -45,7 +56,7 @@ def family_of(record: dict, where: str) -> str:
     return family
 
 
-def check_heldout_families(cfg: TaskConfig, families: set[str]) -> None:
+def check_heldout_families(cfg: JsonlConfig, families: set[str]) -> None:
     """Every held-out family is one the file has (a typo would silently hold out nothing)."""
     for name in cfg.heldout_families:
         if name not in families:
@@ -53,7 +64,7 @@ def check_heldout_families(cfg: TaskConfig, families: set[str]) -> None:
             raise ConfigError(f"task.heldout_families={name}: not a family of {cfg.data_path} (families: {present})")
 
 
-def examples_of(cfg: TaskConfig, records: Sequence[Located]) -> list[Example]:
+def examples_of(cfg: JsonlConfig, records: Sequence[Located]) -> list[Example]:
     examples = []
     for record, where in records:
         require(record, where, (cfg.prompt_field, cfg.answer_field))
@@ -68,10 +79,13 @@ def examples_of(cfg: TaskConfig, records: Sequence[Located]) -> list[Example]:
     return examples
 
 
-def check_jsonl(cfg: TaskConfig) -> None:
-    """Before Ray (config validation calls it): the held-out families are families of the file.
-    A missing file is left to the validation of task.data_path, which names the key; bad rows
-    (a non-string family) stop validation when it builds the splits, naming file and line."""
+def check_jsonl(cfg: JsonlConfig) -> None:
+    """Before Ray: a file is named, the scorer is one, and the held-out families are families of
+    the file. A missing file is left to the plan's check of task.data_path, which names the key;
+    bad rows (a non-string family) stop the plan when it builds the splits, naming file and line."""
+    if cfg.data_path is None:
+        raise fail("task.data_path", None, "task=jsonl needs a JSONL, JSON or parquet file")
+    choice("task.scorer", cfg.scorer, tuple(SCORERS))
     if not cfg.heldout_families or cfg.data_path is None or not Path(cfg.data_path).is_file():
         return
     records = read_records(cfg.data_path)
@@ -79,7 +93,7 @@ def check_jsonl(cfg: TaskConfig) -> None:
     check_heldout_families(cfg, families - {""})
 
 
-def split_heldout_families(examples: list[Example], cfg: TaskConfig, seed: int) -> Splits:
+def split_heldout_families(examples: list[Example], cfg: JsonlConfig, seed: int) -> Splits:
     """The held-out split is cut from every row exactly as without held-out families (so it
     stays the same set); train and selection come from the rest, less the held-out families'
     rows, in the order task.split takes them."""
@@ -102,13 +116,12 @@ def split_heldout_families(examples: list[Example], cfg: TaskConfig, seed: int) 
     return Splits(tuple(train), tuple(selection), whole.heldout)
 
 
-@register_task("jsonl")
+@register_task("jsonl", config=JsonlConfig, validate=check_jsonl)
 class JsonlTask:
     name: ClassVar[str]
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
-    check = staticmethod(check_jsonl)  # config validation calls it before Ray
 
-    def __init__(self, cfg: TaskConfig, seed: int):
+    def __init__(self, cfg: JsonlConfig, seed: int):
         if cfg.data_path is None:
             raise ConfigError("task.data_path=null: task=jsonl needs a JSONL, JSON or parquet file")
         self.data_path: str = cfg.data_path

@@ -12,7 +12,8 @@ from typing import ClassVar
 from evora.config.schema import TaskConfig
 from evora.lora.noise import noise_key
 from evora.tasks.aggregate import numeric_answer
-from evora.tasks.base import Example, Splits, register_task, split_examples
+from evora.tasks.base import Example, Splits, split_examples
+from evora.tasks.registry import register_task
 from evora.tasks.rewards.numeric import numeric_match
 from evora.tasks.rewards.safe_eval import evaluate_arithmetic
 

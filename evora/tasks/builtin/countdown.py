@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from evora.config.checks import choice
 from evora.config.schema import TaskConfig
 from evora.errors import DataError
 from evora.lora.noise import noise_key
-from evora.tasks.base import Example, Splits, register_task, split_examples
+from evora.tasks.base import Example, Splits, split_examples
 from evora.tasks.data import read_records, require
-from evora.tasks.rewards.countdown import THINK_OPEN, answer_score, countdown_reward
+from evora.tasks.registry import register_task
+from evora.tasks.rewards.countdown import ANSWER_BLOCKS, NUMBER_RULES, THINK_OPEN, answer_score, countdown_reward
 
 INSTRUCTION = (
     "Using the numbers {numbers}, create an equation that equals {target}. You can use basic arithmetic "
@@ -91,7 +94,18 @@ def target_text(target: Any) -> str:
     return str(target)
 
 
-@register_task("countdown")
+@dataclass(frozen=True)
+class CountdownConfig(TaskConfig):
+    number_rule: str = "all_exactly_once"  # all_exactly_once (the paper) | at_most_once
+    answer_block: str = "last"  # which <answer> block is scored: last (the paper) | first
+
+
+def check_countdown(cfg: CountdownConfig) -> None:
+    choice("task.number_rule", cfg.number_rule, NUMBER_RULES)
+    choice("task.answer_block", cfg.answer_block, ANSWER_BLOCKS)
+
+
+@register_task("countdown", config=CountdownConfig, validate=check_countdown)
 class CountdownTask:
     """Reward in [0, 1.1]: 0.1 x format score (0 to 1) + 1.0 for a correct answer."""
 
@@ -99,7 +113,7 @@ class CountdownTask:
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.1)
     plain_template: ClassVar[str] = PLAIN_TEMPLATE
 
-    def __init__(self, cfg: TaskConfig, seed: int):
+    def __init__(self, cfg: CountdownConfig, seed: int):
         self.cfg = cfg
         self.seed = seed
 

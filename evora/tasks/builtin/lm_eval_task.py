@@ -21,16 +21,24 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Optional
 
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
-from evora.tasks.base import Example, Splits, register_task, split_examples
+from evora.tasks.base import Example, Splits, split_examples
+from evora.tasks.registry import register_task
 
 SALT = "lm-eval-split"
 SUPPORTED_OUTPUT = "generate_until"
 DEFAULT_FILTERS = ({"name": "none", "filter": [{"function": "take_first"}]},)
+
+
+@dataclass(frozen=True)
+class LmEvalConfig(TaskConfig):
+    lm_eval_task: Optional[str] = None  # an lm-evaluation-harness task's name
+    lm_eval_path: Optional[str] = None  # a folder of your own lm-eval task YAMLs (lm-eval's include_path)
 
 
 @contextmanager
@@ -80,8 +88,8 @@ def check_supported(name: str, task: Any) -> None:
         raise ConfigError(f"task.lm_eval_task={name}: answer-extraction filters are not supported yet")
 
 
-def check_lm_eval(cfg: TaskConfig) -> None:
-    """Before Ray (config validation calls it): the task exists and is of a supported kind."""
+def check_lm_eval(cfg: LmEvalConfig) -> None:
+    """Before Ray: the task exists and is of a supported kind."""
     if not cfg.lm_eval_task:
         raise ConfigError("task.lm_eval_task=null: task=lm_eval needs an lm-eval task name")
     check_supported(cfg.lm_eval_task, load_lm_eval_task(cfg.lm_eval_task, cfg.lm_eval_path))
@@ -94,13 +102,12 @@ def documents(task: Any) -> list[dict]:
     return list(task.training_docs())
 
 
-@register_task("lm_eval")
+@register_task("lm_eval", config=LmEvalConfig, validate=check_lm_eval)
 class LmEvalTask:
     name: ClassVar[str]
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
-    check = staticmethod(check_lm_eval)  # config validation calls it before Ray
 
-    def __init__(self, cfg: TaskConfig, seed: int):
+    def __init__(self, cfg: LmEvalConfig, seed: int):
         if not cfg.lm_eval_task:
             raise ConfigError("task.lm_eval_task=null: task=lm_eval needs an lm-eval task name")
         self.cfg, self.seed = cfg, seed

@@ -1,5 +1,5 @@
 """One-line config checks (`<key>=<value>: <rule>`), shared by config validation and by
-every strategy's own `validate`."""
+every strategy's and every task's own `validate`."""
 
 from __future__ import annotations
 

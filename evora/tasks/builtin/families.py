@@ -21,9 +21,10 @@ from typing import Any, Callable, ClassVar
 
 from evora.config.schema import TaskConfig
 from evora.lora.noise import noise_key
-from evora.tasks.addition import HELDOUT_SEED, is_heldout_pair
 from evora.tasks.aggregate import exact_answer_text
-from evora.tasks.base import Example, Splits, register_task
+from evora.tasks.base import Example, Splits
+from evora.tasks.builtin.addition import HELDOUT_SEED, is_heldout_pair
+from evora.tasks.registry import register_task
 from evora.tasks.rewards.exact import exact_answer
 
 MAX_OPERAND = 99

@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 from evora.config.schema import TaskConfig
 from evora.errors import DataError
 from evora.tasks.aggregate import choice_answer
-from evora.tasks.base import Example, Splits, register_task, split_examples
+from evora.tasks.base import Example, Splits, split_examples
 from evora.tasks.data import hub_records, read_records, require
+from evora.tasks.registry import register_task
 from evora.tasks.rewards.choice import choice_match
 
 LETTERS = string.ascii_uppercase[:10]

@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 from evora.config.schema import TaskConfig
 from evora.errors import DataError
 from evora.tasks.aggregate import numeric_answer
-from evora.tasks.base import Example, Splits, register_task, split_examples
+from evora.tasks.base import Example, Splits, split_examples
 from evora.tasks.data import Located, hub_records, read_records, require
+from evora.tasks.registry import register_task
 from evora.tasks.rewards.numeric import extract_final_answer, numeric_match
 
 INSTRUCTION = "\nSolve the problem step by step, then give the final numeric answer after ####."

@@ -11,14 +11,17 @@ task.data_path can point to a JSONL file of prompt/target records instead.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from evora.config.checks import choice
 from evora.config.schema import TaskConfig
-from evora.tasks.base import Example, Splits, register_task, split_examples
+from evora.tasks.base import Example, Splits, split_examples
 from evora.tasks.data import read_records, require
+from evora.tasks.registry import register_task
 
-DATA = Path(__file__).resolve().parent / "data_files"
+DATA = Path(__file__).resolve().parent.parent / "data_files"
 
 
 LENGTH_MEASURES = ("generated", "stripped")
@@ -37,12 +40,23 @@ def _examples(path: str) -> list[Example]:
     return examples
 
 
-@register_task("conciseness")
+@dataclass(frozen=True)
+class ConcisenessConfig(TaskConfig):
+    # A completion's length as generated (the paper: the decoded text, whitespace included) |
+    # stripped (surrounding whitespace left out).
+    length_measure: str = "generated"
+
+
+def check_conciseness(cfg: ConcisenessConfig) -> None:
+    choice("task.length_measure", cfg.length_measure, LENGTH_MEASURES)
+
+
+@register_task("conciseness", config=ConcisenessConfig, validate=check_conciseness)
 class ConcisenessTask:
     name: ClassVar[str]
     reward_range: ClassVar[tuple[float, float]] = (float("-inf"), 0.0)
 
-    def __init__(self, cfg: TaskConfig, seed: int):
+    def __init__(self, cfg: ConcisenessConfig, seed: int):
         self.cfg = cfg
         self.seed = seed
 
