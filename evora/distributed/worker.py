@@ -52,7 +52,7 @@ from evora.strategies.full_weights import (
     transposed_matrices,
 )
 from evora.strategies.noise_sums import SummedStrategy
-from evora.strategies.protocol import BASE, CENTER, MEMBER, PERTURB, materialise
+from evora.strategies.protocol import BASE, CENTER, MEMBER, PERTURB, layout_of, materialise
 from evora.tasks.base import AnswerTask
 from evora.tasks.decoding import Decoding, decoding_of, sample_seed
 from evora.tasks.fitness import perplexity
@@ -224,7 +224,7 @@ class EngineWorker:
     def _adapters(self, payload: Any, unit: WorkUnit) -> list[AdapterRef | None]:
         """Each spec's adapter, loaded or held; None for the base model, the engine's own weights
         (CENTER of a full-weight strategy) and candidates that perturb those weights in place."""
-        layout = getattr(payload, "layout", None) or self.layout  # PBT members differ in rank and modules
+        layout = layout_of(payload) or self.layout  # PBT members differ in rank and modules
         keep = self.scratch.hold if self.engine.loads_from_memory else self.scratch.write
         refs: list[AdapterRef | None] = []
         for spec in unit.specs:

@@ -16,6 +16,7 @@ from evora.config.schema import RunConfig, TaskConfig, vllm_lora_rank
 from evora.distributed.units import largest_call
 from evora.engines import EngineSpec
 from evora.lora.layout import AdapterLayout
+from evora.strategies import get_strategy
 from evora.tasks import Splits, Task, build_task
 
 ADAPTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,7 +75,7 @@ def host_lora_slots(run: RunConfig) -> int:
     worker the last one left (beyond this, vLLM would evict and re-read adapters mid-call)."""
     engine = run.engine
     if engine.units == "whole":
-        return max(engine.max_loras, int(getattr(run.strategy, "population", 0) or 0))
+        return max(engine.max_loras, get_strategy(run.strategy.name).kind.population(run.strategy))
     return engine.max_loras
 
 

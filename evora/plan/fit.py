@@ -10,26 +10,26 @@ from evora.config.checks import fail
 from evora.config.schema import RunConfig, vllm_lora_rank
 from evora.models.memory import GIB, estimate
 from evora.strategies import get_strategy
-from evora.strategies.protocol import FULL_WEIGHT
 
 
 def plan_memory(run: RunConfig, modules: Any, layout: Any) -> Any:
     """One worker's memory estimate for the run (evora/models/memory.py)."""
     entry = get_strategy(run.strategy.name)
-    moves = entry.kind == FULL_WEIGHT
-    strategy = entry.build(run.strategy, run.seed) if moves else None
-    rank = strategy.perturbation_rank if strategy is not None else layout.rank
+
+    def build() -> Any:
+        return entry.build(run.strategy, run.seed)
+
     return estimate(
         parameters=modules.parameters,
         facts=modules.facts,
         layout=layout,
         dtype=run.model.dtype,
-        max_lora_rank=vllm_lora_rank(rank),
+        max_lora_rank=vllm_lora_rank(entry.kind.candidates(build, layout).rank),
         max_loras=run.engine.max_loras,
         max_num_seqs=run.engine.max_num_seqs,
         max_model_len=run.model.max_model_len,
         tensor_parallel_size=max(1, run.hardware.tensor_parallel_size),  # its range is checked later
-        master_bytes=strategy.master_bytes(layout) if strategy is not None else 0,
+        master_bytes=entry.kind.master_bytes(build, layout),
     )
 
 

@@ -27,7 +27,6 @@ from evora.models.parameters import count_parameters
 from evora.plan.validate import ENGINES
 from evora.strategies import get_strategy
 from evora.strategies.budget import Budget, budget_of, matched_run
-from evora.strategies.protocol import FULL_WEIGHT
 from evora.strategies.registry import StrategyEntry
 from evora.tasks import build_task
 from evora.tasks.base import AnswerTask, Splits, Task
@@ -146,7 +145,7 @@ def model_layout(run: RunConfig, modules: ModelModules, model_path: str) -> Adap
         layers=lora.layers,
         base_model=model_path,
     )
-    if layout.has_experts and get_strategy(run.strategy.name).kind == FULL_WEIGHT:
+    if layout.has_experts and get_strategy(run.strategy.name).kind.moves_weights:
         raise fail(
             "lora.target_modules",
             list(layout.target_modules),
@@ -160,10 +159,7 @@ def candidate_layout(run: RunConfig, layout: AdapterLayout) -> AdapterLayout:
     """What candidates are: the run's LoRA, or for a full-weight strategy a LoRA of its own
     perturbation rank at scale 1 (alpha = rank) on the same modules."""
     entry = get_strategy(run.strategy.name)
-    if entry.kind != FULL_WEIGHT:
-        return layout
-    rank = entry.build(run.strategy, run.seed).perturbation_rank
-    return dataclasses.replace(layout, rank=rank, alpha=float(rank))
+    return entry.kind.candidates(lambda: entry.build(run.strategy, run.seed), layout)
 
 
 def check_layers(run: RunConfig, modules: ModelModules) -> None:

@@ -180,7 +180,6 @@ CHECKS = {"judge": _check_judge, "reward_model": _check_reward_model}  # task.re
 
 def _check_decoding(run: RunConfig) -> None:
     """Sampling, the aggregate of a cell's samples, and the KL penalty."""
-    from evora.strategies.protocol import JOB
     from evora.tasks.aggregate import AGGREGATES
     from evora.tasks.fitness import task_fitness
 
@@ -211,7 +210,7 @@ def _check_decoding(run: RunConfig) -> None:
     require(task.kl_penalty >= 0, "task.kl_penalty", task.kl_penalty, "must be >= 0")
     if task_fitness(task.fitness, task.kl_penalty).needs_kl:
         require(
-            get_strategy(run.strategy.name).kind != JOB,
+            get_strategy(run.strategy.name).runner is None,
             "task.kl_penalty" if task.kl_penalty else "task.fitness",
             task.kl_penalty or task.fitness,
             f"strategy={run.strategy.name} runs its own job and scores its own fitness (strategy.fitness); "

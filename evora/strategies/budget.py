@@ -40,12 +40,12 @@ def matched_run(cfg: Any) -> str | None:
 
 
 def check_budget(cfg: BudgetFields) -> None:
-    given = [k for k in ("budget_flops", "budget_tokens", "budget_seconds", "match") if getattr(cfg, k) is not None]
+    given = [k for k in ("budget_flops", "budget_tokens", "budget_seconds", "match") if vars(cfg)[k] is not None]
     if len(given) > 1:
         second = given[1]
-        raise fail(f"strategy.{second}", getattr(cfg, second), f"one budget at a time; strategy.{given[0]} is set too")
+        raise fail(f"strategy.{second}", vars(cfg)[second], f"one budget at a time; strategy.{given[0]} is set too")
     for key in ("budget_flops", "budget_tokens", "budget_seconds"):
-        value = getattr(cfg, key)
+        value = vars(cfg)[key]
         require(value is None or value > 0, f"strategy.{key}", value, "must be > 0, or null")
     choice("strategy.match_by", cfg.match_by, MEASURES)
 
@@ -55,7 +55,7 @@ def budget_of(cfg: Any, matched: Mapping[str, float] | None = None) -> Budget | 
     if not isinstance(cfg, BudgetFields):
         return None
     for measure in MEASURES:
-        value = getattr(cfg, f"budget_{measure}")
+        value = vars(cfg)[f"budget_{measure}"]
         if value is not None:
             return Budget(measure, float(value), f"strategy.budget_{measure}")
     if cfg.match is None:

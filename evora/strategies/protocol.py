@@ -28,15 +28,6 @@ from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
 from evora.tasks.base import Example
 
-# What kind of strategy it is, declared at registration (`register_strategy(kind=...)`): the
-# loop assembles its phases from the kind and never probes a strategy for attributes.
-POPULATION = "population"  # Strategy: ask/tell; candidates evaluated on the workers
-PORTFOLIO = "portfolio"  # PortfolioStrategy: a population whose members serve as a routed portfolio
-FULL_WEIGHT = "full_weight"  # full_weights.FullWeightStrategy: a population whose tell moves base weights
-GRADIENT = "gradient"  # GradientStrategy: trained on the driver, one improve() per generation
-JOB = "job"  # runs the whole job itself (`register_strategy(runner=...)`): PBT on Ray Tune
-KINDS = (POPULATION, PORTFOLIO, FULL_WEIGHT, GRADIENT, JOB)
-
 PERTURB = "perturb"  # payload + seeded noise
 CENTER = "center"  # the evaluation payload's adapter
 BASE = "base"  # no adapter: the base model
@@ -111,6 +102,32 @@ class GenerationResults:
 
 
 @dataclass
+class Spend:
+    """Tokens processed: what a run's compute is counted in (tracking/compute.py turns it into
+    FLOPs), and what a gradient strategy reports of its training (Told.spend)."""
+
+    tokens_prompt: int = 0
+    tokens_generated: int = 0
+    tokens_scored: int = 0
+    tokens_trained: int = 0
+
+    def add(self, other: Spend) -> None:
+        for f in dataclasses.fields(self):
+            vars(self)[f.name] += vars(other)[f.name]
+
+    def tokens(self) -> int:
+        return self.tokens_prompt + self.tokens_generated + self.tokens_scored + self.tokens_trained
+
+    def flops(self, parameters: int) -> dict[str, float]:
+        inference = 2.0 * parameters * (self.tokens_prompt + self.tokens_generated + self.tokens_scored)
+        training = 6.0 * parameters * self.tokens_trained
+        return {"flops_inference": inference, "flops_training": training, "flops": inference + training}
+
+    def summary(self, parameters: int) -> dict[str, float]:
+        return {**dataclasses.asdict(self), **self.flops(parameters)}
+
+
+@dataclass
 class Told:
     """What `tell` returns: the next state, scalar statistics for the logging hooks, and
     family-tree records (lineage.jsonl), if the strategy keeps one."""
@@ -118,7 +135,7 @@ class Told:
     state: Any
     stats: dict[str, float]
     lineage: list[dict[str, Any]] = field(default_factory=list)
-    spend: dict[str, int] = field(default_factory=dict)  # gradient strategies: tokens_prompt/generated/scored/trained
+    spend: Spend = field(default_factory=Spend)  # what it trained on (gradient strategies, refinement)
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # more JSONL files: name -> lines
 
 
@@ -137,7 +154,7 @@ class TrainingContext:
     target_ids: Callable[[Example], list[int]]  # the reference completion, ended by EOS
     pad_id: int
     rewards: Callable[[list[str], list[int]], list[float]]  # (completions, train indices) -> rewards
-    spent: Callable[[dict[str, int]], bool]  # whether the run's budget is used up, given this call's spend
+    spent: Callable[[Spend], bool]  # whether the run's budget is used up, given this call's spend
     device: str  # cpu | cuda
     max_tokens: int  # the task's completion budget (task.max_tokens)
     planned_steps: int  # the run's optimizer steps (generations x steps per generation), for schedules
@@ -214,14 +231,41 @@ def materialise(strategy: Strategy | None, payload: Any, spec: Any) -> Tensors |
     return strategy.materialise(payload, spec)
 
 
-def prompts_of(spec: Any) -> tuple[int, ...] | None:
+class Spec(Protocol):
+    """What the loop reads of a candidate spec: CandidateSpec's fields, which a strategy's own spec
+    types (the GA's, the ecology's) carry too."""
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def op(self) -> str: ...
+
+    @property
+    def prompts(self) -> tuple[int, ...] | None: ...
+
+    @property
+    def label(self) -> str: ...
+
+
+def prompts_of(spec: Spec) -> tuple[int, ...] | None:
     """The columns a spec is evaluated on (None: every prompt of its unit)."""
-    return getattr(spec, "prompts", None)
+    return spec.prompts
+
+
+def layout_of(payload: Any) -> AdapterLayout | None:
+    """An evaluation payload's own layout (PBT members differ in rank and modules); None: the run's
+    (a strategy's payloads are always on the run's layout)."""
+    return payload.layout if isinstance(payload, (EvalPayload, MembersPayload)) else None
 
 
 def state_fields(state: Any) -> dict[str, Any]:
     """A state dataclass as a dict of its fields (shallow: tensors are not copied)."""
-    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    values = vars(state)
+    return {f.name: values[f.name] for f in dataclasses.fields(state)}
 
 
 def state_from_fields(state_type: type, fields: dict[str, Any]) -> Any:

@@ -7,9 +7,11 @@ A strategy registers itself from its own folder (or from a user's module):
                        validate=check_es, center="mean")
     class EvolutionStrategy: ...          # ask/tell (protocol.Strategy), run by the shared loop
 
-Its kind (protocol.KINDS: population, the default; portfolio, full_weight, gradient) says which
-typed protocol it implements and so which phases the loop runs; `refines=True` declares that
-its config may ask for gradient refinement after each tell (protocol.RefiningStrategy).
+Its kind (`kinds.py`: POPULATION, the default; PORTFOLIO, FULL_WEIGHT, GRADIENT) is a type that
+owns what the kind changes: the protocol the strategy implements (checked here, at import, and
+by mypy through the decorator's type), its search, its exporter, its memory. Traits add a
+protocol each (`kinds.TRAITS`): `refines=True` declares that its config may ask for gradient
+refinement after each tell (protocol.RefiningStrategy).
 
 A strategy that runs a whole job itself (PBT on Ray Tune) names its runner instead, as
 "module:function", so that registering it imports no Ray:
@@ -26,14 +28,16 @@ import dataclasses
 import importlib
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, overload
 
 from evora.errors import ConfigError
 from evora.strategies.analysis_hooks import NO_ANALYSIS, Analysis
-from evora.strategies.protocol import FULL_WEIGHT, GRADIENT, JOB, KINDS, POPULATION
+from evora.strategies.kinds import JOB, POPULATION, TRAITS, Kind
+from evora.strategies.protocol import Strategy
 
 ENTRY_POINT_GROUP = "evora.strategies"
 T = TypeVar("T")
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class StrategyEntry:
     center: str | None = None  # what the final adapter is called in the run folder (mean, elite)
     report_keys: tuple[str, ...] = ()  # config keys the run report shows
     console_keys: tuple[tuple[str, str], ...] = ()  # (metrics key, label) added to each generation line
-    kind: str = POPULATION  # protocol.KINDS: which protocol the strategy implements, which phases run it
+    kind: Kind[Any] = POPULATION  # kinds.py: the protocol the strategy implements, the search that runs it
     refines: bool = False  # a protocol.RefiningStrategy: its config may refine by gradient after each tell
     # kind=full_weight: candidates perturb the engines' weights in place, one after another
     # (full_weights.InPlaceStrategy, the ES paper's way), rather than run as LoRAs on them.
@@ -61,19 +65,13 @@ class StrategyEntry:
     analysis: Analysis | str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise TypeError(f"strategy {self.name}: kind={self.kind!r}; one of {', '.join(KINDS)}")
-        if (self.kind == JOB) != (self.runner is not None):
-            raise TypeError(f"strategy {self.name}: a runner, and only a runner, makes kind={JOB!r}")
-        if self.in_place and self.kind != FULL_WEIGHT:
-            raise TypeError(f"strategy {self.name}: in_place=True needs kind={FULL_WEIGHT!r}")
-        if self.summed and self.kind != POPULATION:
-            raise TypeError(f"strategy {self.name}: summed=True needs kind={POPULATION!r}")
+        traits = {trait for trait in TRAITS if vars(self)[trait]}
+        self.kind.check(self.name, self.strategy, self.config, traits)
 
     def trains_on_driver(self, strategy: Any) -> bool:
         """Whether the loop builds a TrainingContext: gradient strategies, and refining ones
         whose config refines."""
-        return self.kind == GRADIENT or (self.refines and strategy.refines)
+        return self.kind.trains_on_driver or (self.refines and strategy.refines)
 
     def keeps_texts(self, strategy: Any) -> bool:
         """Whether evaluation returns the candidates' completions to `tell`."""
@@ -102,18 +100,29 @@ _REGISTRY: dict[str, StrategyEntry] = {}
 _ALIASES: dict[str, StrategyEntry] = {}  # import paths and entry-point names already resolved
 
 
+@overload
 def register_strategy(
-    name: str, *, config: type, summary: str, runner: str | None = None, **fields: Any
-) -> Callable[[T], T]:
-    """Decorator for an ask/tell class; called as a statement when `runner` is given."""
+    name: str, *, config: type, summary: str, kind: Kind[P], **fields: Any
+) -> Callable[[type[P]], type[P]]: ...
+
+
+@overload
+def register_strategy(
+    name: str, *, config: type, summary: str, **fields: Any
+) -> Callable[[type[Strategy]], type[Strategy]]: ...
+
+
+def register_strategy(name: str, *, config: type, summary: str, **fields: Any) -> Callable[[Any], Any]:
+    """Decorator for an ask/tell class, typed by its kind's protocol; called as a statement when
+    `runner` is given (kind JOB)."""
     if not dataclasses.is_dataclass(config) or "name" not in {f.name for f in dataclasses.fields(config)}:
         raise TypeError(f"strategy {name}: config must be a dataclass with a `name` field")
 
     def add(strategy: Any) -> Any:
-        _REGISTRY[name] = StrategyEntry(name, config, summary, strategy=strategy, runner=runner, **fields)
+        _REGISTRY[name] = StrategyEntry(name, config, summary, strategy=strategy, **fields)
         return strategy
 
-    if runner is not None:
+    if fields.get("runner") is not None:
         fields.setdefault("kind", JOB)
         add(None)
     return add

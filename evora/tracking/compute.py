@@ -11,28 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-
-@dataclass
-class Spend:
-    tokens_prompt: int = 0
-    tokens_generated: int = 0
-    tokens_scored: int = 0
-    tokens_trained: int = 0
-
-    def add(self, other: "Spend") -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def tokens(self) -> int:
-        return self.tokens_prompt + self.tokens_generated + self.tokens_scored + self.tokens_trained
-
-    def flops(self, parameters: int) -> dict[str, float]:
-        inference = 2.0 * parameters * (self.tokens_prompt + self.tokens_generated + self.tokens_scored)
-        training = 6.0 * parameters * self.tokens_trained
-        return {"flops_inference": inference, "flops_training": training, "flops": inference + training}
-
-    def summary(self, parameters: int) -> dict[str, float]:
-        return {**asdict(self), **self.flops(parameters)}
+from evora.strategies.protocol import Spend
 
 
 @dataclass

@@ -4,7 +4,26 @@ statistics) with `kind`, `generations` and `pool_events`."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Mapping, NotRequired, TypedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping, NotRequired, TypedDict, Union
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """An engine worker died, or gave no result in `hung_s` seconds and was killed; its units are
+    rerun on the others (the results do not change)."""
+
+    worker: int
+    hung_s: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkerReplaced:
+    worker: int
+    node: str  # the Ray node it started on
+
+
+PoolEvent = Union[WorkerLost, WorkerReplaced]  # what the worker pool reports between generations
 
 
 class StartEvent(TypedDict):

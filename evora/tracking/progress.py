@@ -15,7 +15,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from evora.tracking.events import Event
+from evora.tracking.events import Event, PoolEvent, WorkerReplaced
 
 MASTER_PLACES = {"cuda": ", on the GPU", "cpu": ", on the host"}
 
@@ -59,16 +59,16 @@ def members_report(start: Event) -> bool:
     return start.get("population") is not None
 
 
-def pool_line(change: dict[str, Any]) -> str:
+def pool_line(change: PoolEvent) -> str:
     """A worker lost or replaced (the pool's events; units are rerun, results do not change)."""
-    if change["event"] == "worker-lost" and change.get("hung_s") is not None:
+    if isinstance(change, WorkerReplaced):
+        return f"engine worker {change.worker} started as a replacement (node {change.node[:12]})"
+    if change.hung_s is not None:
         return (
-            f"engine worker {change['worker']} gave no result in {change['hung_s']:g} s (engine.unit_timeout_s): "
+            f"engine worker {change.worker} gave no result in {change.hung_s:g} s (engine.unit_timeout_s): "
             "killed; its work is rerun on the others"
         )
-    if change["event"] == "worker-lost":
-        return f"engine worker {change['worker']} lost; its work is rerun on the others"
-    return f"engine worker {change['worker']} started as a replacement (node {change['node'][:12]})"
+    return f"engine worker {change.worker} lost; its work is rerun on the others"
 
 
 def final_lines(event: Event) -> list[str]:

@@ -29,6 +29,7 @@ EVORA = Path(__file__).resolve().parents[2] / "evora"
 class DiceConfig:
     name: str = "dice"
     faces: int = 6
+    population: int = 1  # a job's members (kinds.JOB)
 
 
 def _figures(run: RunData) -> dict:
@@ -69,7 +70,7 @@ def dice(monkeypatch):
     """`dice` registered for this test only."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     monkeypatch.setattr(registry, "_ALIASES", dict(registry._ALIASES))
-    register_strategy("dice", config=DiceConfig, summary="dice", analysis=DICE)(object)
+    register_strategy("dice", config=DiceConfig, summary="dice", runner="dice:never_run", analysis=DICE)  # no run
 
 
 def _run(folder: Path, strategy: dict, details: dict | None = None) -> Path:

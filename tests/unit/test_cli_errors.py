@@ -7,6 +7,7 @@ import pytest
 
 from evora import cli
 from evora.errors import ConfigError, RunError
+from evora.tracking.events import WorkerLost, WorkerReplaced
 from evora.tracking.progress import pool_line
 
 
@@ -71,13 +72,11 @@ def test_interrupt_names_the_saved_generation(tmp_path, capsys):
 
 
 def test_pool_lines():
-    assert pool_line({"event": "worker-lost", "worker": 1}) == "engine worker 1 lost; its work is rerun on the others"
-    assert pool_line({"event": "worker-lost", "worker": 2, "hung_s": 30.0}) == (
+    assert pool_line(WorkerLost(1)) == "engine worker 1 lost; its work is rerun on the others"
+    assert pool_line(WorkerLost(2, hung_s=30.0)) == (
         "engine worker 2 gave no result in 30 s (engine.unit_timeout_s): killed; its work is rerun on the others"
     )
-    assert pool_line({"event": "worker-replaced", "worker": 3, "node": "a" * 56}) == (
-        "engine worker 3 started as a replacement (node aaaaaaaaaaaa)"
-    )
+    assert pool_line(WorkerReplaced(3, "a" * 56)) == ("engine worker 3 started as a replacement (node aaaaaaaaaaaa)")
 
 
 def test_an_interrupt_wrapped_by_a_cython_call_is_still_an_interrupt():

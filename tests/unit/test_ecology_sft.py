@@ -22,7 +22,7 @@ from evora.models import locate_model
 from evora.plan.compose import compose_run
 from evora.strategies.ecology import Ecology, EcologyConfig, EcologyState
 from evora.strategies.ecology.strategy import PROBE, SERVE
-from evora.strategies.protocol import GenerationResults, StrategyContext, TrainingContext, state_fields
+from evora.strategies.protocol import GenerationResults, Spend, StrategyContext, TrainingContext, state_fields
 from evora.tasks import build_task, task_config
 from evora.tasks.prompts import PromptRenderer
 
@@ -186,7 +186,7 @@ def test_refine_trains_each_organelle_on_its_own_completions_seeded():
     stats = refined.stats
     assert stats["sft_organelles"] == 1 and stats["sft_examples"] == len(state.sft_batch)
     assert stats["sft_loss"] > 0 and stats["sft_step_norm"] > 0
-    assert refined.spend["tokens_trained"] > 0
+    assert refined.spend.tokens_trained > 0
 
 
 def test_refine_without_successes_changes_nothing():
@@ -195,7 +195,7 @@ def test_refine_without_successes_changes_nothing():
     _, _, told = told_once(eco, ctx, set(range(len(ctx.train))))
     assert told.state.sft_batch == []
     refined = eco.refine(told.state, 0, ctx)
-    assert refined is not None and refined.spend == {}
+    assert refined is not None and refined.spend == Spend()
     assert refined.stats == {"sft_organelles": 0.0, "sft_examples": 0.0, "sft_loss": 0.0, "sft_step_norm": 0.0}
     for a, b in zip(refined.state.organelles, told.state.organelles):
         assert a["adapter"] is b["adapter"]

@@ -17,7 +17,8 @@ from evora.plan.compose import compose_run
 from evora.strategies import get_strategy
 from evora.strategies.es_full import EsFullConfig, EsFullStrategy, check_es_full
 from evora.strategies.full_weights import MasterWeights, matrix_name
-from evora.strategies.protocol import FULL_WEIGHT, StrategyContext, fitness_results
+from evora.strategies.kinds import FULL_WEIGHT
+from evora.strategies.protocol import StrategyContext, fitness_results
 
 SLOTS = (
     ModuleSlot("model.layers.0.mlp.down_proj", 0, 24, 16),
@@ -192,7 +193,7 @@ def test_an_odd_population_is_fine_without_pairs():
 
 def test_the_shipped_yaml_composes_with_the_papers_defaults():
     entry = get_strategy("es_full")
-    assert entry.kind == FULL_WEIGHT and entry.in_place and entry.center == "delta"
+    assert entry.kind is FULL_WEIGHT and entry.in_place and entry.center == "delta"
     # No experiment named: the strategy's own yaml, the paper's values.
     run = compose_run(["strategy=es_full", "model=qwen2_5_0_5b"])
     assert run.strategy == EsFullConfig()

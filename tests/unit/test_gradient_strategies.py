@@ -105,7 +105,7 @@ def test_sft_continues_exactly_from_a_checkpointed_state():
         assert torch.equal(tensor, again.state.adapter[name]), name
     b = [k for k in first.state.adapter if "lora_B" in k]
     assert all(first.state.adapter[k].abs().sum() > 0 for k in b)  # B starts at 0 and moved
-    assert first.spend["tokens_trained"] > 0 and first.stats["steps"] == 3.0
+    assert first.spend.tokens_trained > 0 and first.stats["steps"] == 3.0
 
 
 def test_sft_state_survives_a_checkpoint_round_trip(tmp_path):
@@ -128,14 +128,14 @@ def test_the_budget_ends_a_generation_after_the_step_that_spends_it():
     calls = []
 
     def spent(spend):
-        calls.append(spend["tokens_trained"])
+        calls.append(spend.tokens_trained)
         return len(calls) >= 2
 
     ctx = context(spent)
     strategy = SupervisedFineTuning(SFTConfig(steps_per_generation=10), run_seed=0)
     told = strategy.improve(start(strategy, ctx), 0, ctx)
     assert told.stats["steps"] == 2.0 and told.state.step == 2
-    assert calls[0] < calls[1] == told.spend["tokens_trained"]  # the spend so far, growing
+    assert calls[0] < calls[1] == told.spend.tokens_trained  # the spend so far, growing
 
 
 # --- memetic GA ----------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def test_the_refined_elite_replaces_the_elite_and_its_compute_is_counted():
     assert told.state.ids == ["a+sft2", "b"] and told.state.fitness == [0.5, 0.4]
     assert not all(torch.equal(told.state.pool[0][k], state.pool[0][k]) for k in state.pool[0])
     assert all(torch.equal(told.state.pool[1][k], state.pool[1][k]) for k in state.pool[1])  # only the elite
-    assert told.spend["tokens_trained"] > 0 and told.stats["refine_steps"] == 4.0
+    assert told.spend.tokens_trained > 0 and told.stats["refine_steps"] == 4.0
     (record,) = told.lineage
     assert record["op"] == REFINED and record["parents"] == ["a"] and record["id"] == "a+sft2"
     assert ga.center(told.state) is told.state.pool[0]  # the run's adapter is the refined elite

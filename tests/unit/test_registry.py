@@ -5,26 +5,13 @@ import dataclasses
 import re
 import sys
 from pathlib import Path
-from typing import Generic, Protocol
 
 import pytest
 
 from evora.errors import ConfigError
 from evora.plan.compose import CONF_DIR, compose_run, group_options
 from evora.strategies import entries, get_strategy, register_strategy, strategy_names
-from evora.strategies.full_weights import FullWeightStrategy
-from evora.strategies.protocol import (
-    FULL_WEIGHT,
-    GRADIENT,
-    JOB,
-    KINDS,
-    POPULATION,
-    PORTFOLIO,
-    GradientStrategy,
-    PortfolioStrategy,
-    RefiningStrategy,
-    Strategy,
-)
+from evora.strategies.kinds import FULL_WEIGHT, JOB, KINDS, POPULATION, Kind, missing_members
 
 STRATEGIES_DIR = Path(__file__).resolve().parents[2] / "evora" / "strategies"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -89,60 +76,76 @@ def test_a_user_strategy_composes_by_import_path_like_a_built_in(examples_on_pat
         compose_run(["strategy.name=mypkg.strategies:RandomSearch", "strategy.sigma=0.1"])
 
 
-# The members each kind's protocol declares (protocol.py, full_weights.py), read from the protocols.
-def protocol_members(protocol: type) -> set[str]:
-    return {
-        name
-        for klass in protocol.__mro__
-        if klass not in (object, Protocol, Generic) and getattr(klass, "_is_protocol", False)
-        for name in vars(klass)
-        if not name.startswith("_")
-    }
-
-
-KIND_PROTOCOLS = {
-    POPULATION: Strategy,
-    PORTFOLIO: PortfolioStrategy,
-    FULL_WEIGHT: FullWeightStrategy,
-    GRADIENT: GradientStrategy,
-}
-
-
 def test_every_built_in_strategy_implements_the_protocol_of_its_declared_kind():
+    """Registration checks it at import (kinds.Kind.check); here, the check itself against each
+    built-in, and each kind is used."""
     built_in = [e for e in entries() if e.config.__module__.startswith("evora.")]
-    assert {e.kind for e in built_in} == set(KINDS)
+    assert {e.kind.name for e in built_in} == {k.name for k in KINDS}
     for entry in built_in:
-        if entry.kind == JOB:
-            assert entry.runner is not None and entry.strategy is None
-            continue
-        wanted = protocol_members(KIND_PROTOCOLS[entry.kind]) | (
-            protocol_members(RefiningStrategy) if entry.refines else set()
-        )
-        missing = {name for name in wanted if not hasattr(entry.strategy, name)}
-        assert not missing, f"{entry.name} ({entry.kind}) lacks {missing}"
+        assert (entry.kind.protocol is None) == (entry.runner is not None), entry.name
+        if entry.kind.protocol is not None:
+            assert missing_members(entry.strategy, entry.kind.protocol) == [], entry.name
 
 
-def test_a_kind_must_be_one_the_loop_knows_and_only_a_runner_makes_a_job():
-    @dataclasses.dataclass(frozen=True)
-    class OddConfig:
-        name: str = "odd"
+@dataclasses.dataclass(frozen=True)
+class OddConfig:
+    name: str = "odd"
+    population: int = 2
 
-    with pytest.raises(TypeError, match="kind='swarm'"):
-        register_strategy("odd", config=OddConfig, summary="odd", kind="swarm")(object)
+
+class Half:
+    """Half a population strategy: ask and tell, no initial_state, materialise or center."""
+
+    state_type = dict
+
+    def ask(self, state, generation): ...
+
+    def tell(self, state, specs, results): ...
+
+
+def test_registration_checks_the_kind_its_protocol_fields_and_traits():
     with pytest.raises(TypeError, match="only a runner"):
         register_strategy("odd", config=OddConfig, summary="odd", kind=JOB)(object)
+    with pytest.raises(TypeError) as error:
+        register_strategy("odd", config=OddConfig, summary="odd")(Half)  # type: ignore[arg-type]  # the point
+    assert str(error.value) == "strategy odd: Strategy needs center, initial_state, materialise"
+    with pytest.raises(TypeError, match="FullWeightStrategy needs .*master_bytes"):
+        register_strategy("odd", config=OddConfig, summary="odd", kind=FULL_WEIGHT)(get_strategy("es").strategy)
+    with pytest.raises(TypeError, match="in_place=True is not for kind='population'"):
+        register_strategy("odd", config=OddConfig, summary="odd", in_place=True)(get_strategy("es").strategy)
+
+    @dataclasses.dataclass(frozen=True)
+    class NoPopulation:
+        name: str = "odd"
+
+    with pytest.raises(TypeError, match="kind='population' needs a config with a `population` field"):
+        register_strategy("odd", config=NoPopulation, summary="odd")(get_strategy("es").strategy)
     assert "odd" not in strategy_names()
 
 
-PROBE = re.compile(r"(getattr|hasattr|callable\(getattr)\((self\.)?strategy(_cfg)?\b")
+def test_a_kind_answers_for_its_configs_and_its_memory():
+    es, eggroll, sft = (get_strategy(name) for name in ("es", "eggroll", "sft"))
+    assert es.kind is POPULATION and isinstance(es.kind, Kind)
+    assert es.kind.population(es.config(population=12)) == 12 and sft.kind.population(sft.config()) == 0
+    assert sft.kind.steps_per_generation(sft.config(steps_per_generation=7)) == 7
+    assert es.kind.steps_per_generation(es.config()) == 1
+    assert eggroll.kind.moves_weights and not es.kind.moves_weights and sft.kind.trains_on_driver
 
 
-def test_nothing_probes_a_strategy_for_attributes():
+# A getattr/hasattr on a strategy, its config, a spec, a payload or a state, anywhere under evora/;
+# under evora/strategies/ any getattr/hasattr but a module's attribute by name and TRL's trainer.
+PROBE = re.compile(
+    r"(getattr|hasattr)\((self\.)?(strategy|strategy_cfg|cfg|spec|payload|state|run\.strategy|run_cfg\.strategy)\b"
+)
+ANY_PROBE = re.compile(r"(getattr|hasattr)\((?!importlib|import_module|module\b|trainer\b)")
+
+
+def test_nothing_probes_a_strategy_its_config_specs_or_payloads():
     sources = Path(__file__).resolve().parents[2] / "evora"
     probes = [
-        f"{path.relative_to(sources)}:{number}"
+        f"{path.relative_to(sources)}:{number}: {line.strip()}"
         for path in sorted(sources.rglob("*.py"))
         for number, line in enumerate(path.read_text().splitlines(), 1)
-        if PROBE.search(line)
+        if PROBE.search(line) or (path.is_relative_to(sources / "strategies") and ANY_PROBE.search(line))
     ]
     assert probes == []

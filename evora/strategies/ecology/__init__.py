@@ -3,7 +3,7 @@ family, learning within, by selection and by merging (Evolora)."""
 
 from evora.strategies.ecology.config import EcologyConfig, check_ecology
 from evora.strategies.ecology.strategy import Ecology, EcologyPayload, EcologyState, EcoSpec
-from evora.strategies.protocol import PORTFOLIO
+from evora.strategies.kinds import PORTFOLIO
 from evora.strategies.registry import register_strategy
 
 register_strategy(

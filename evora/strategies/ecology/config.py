@@ -67,12 +67,12 @@ def check_ecology(cfg: EcologyConfig, run: Any = None) -> None:
         f"must be >= strategy.organelles ({cfg.organelles})",
     )
     for key in ("reward_price", "episode_fee", "token_price", "upkeep", "endowment", "exploration", "mutation_scale"):
-        require(getattr(cfg, key) >= 0, f"strategy.{key}", getattr(cfg, key), "must be >= 0 (no negative prices)")
+        require(vars(cfg)[key] >= 0, f"strategy.{key}", vars(cfg)[key], "must be >= 0 (no negative prices)")
     require(cfg.routing_confidence >= 0, "strategy.routing_confidence", cfg.routing_confidence, "must be >= 0")
     require(cfg.initial_energy > 0, "strategy.initial_energy", cfg.initial_energy, "must be > 0")
     for key in ("initial_energy", "endowment"):
-        if cfg.energy_floor >= getattr(cfg, key):
-            raise fail("strategy.energy_floor", cfg.energy_floor, f"must be below strategy.{key} ({getattr(cfg, key)})")
+        if cfg.energy_floor >= vars(cfg)[key]:
+            raise fail("strategy.energy_floor", cfg.energy_floor, f"must be below strategy.{key} ({vars(cfg)[key]})")
     require(cfg.probes >= 1, "strategy.probes", cfg.probes, "must be >= 1")
     require(cfg.sigma > 0, "strategy.sigma", cfg.sigma, "must be > 0")
     require(cfg.lr > 0, "strategy.lr", cfg.lr, "must be > 0")

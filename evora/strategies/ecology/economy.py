@@ -42,7 +42,7 @@ class Organelle:
 
     def as_fields(self) -> dict[str, Any]:
         """Plain data for the checkpoint (tensors, numbers, strings, lists, dicts)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: vars(self)[f.name] for f in dataclasses.fields(self)}
 
     def mean_roi(self, family: str | None = None) -> float:
         if family is None:

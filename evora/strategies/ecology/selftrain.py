@@ -18,7 +18,7 @@ import torch
 
 from evora.lora.noise import noise_key
 from evora.strategies.ecology.config import EcologyConfig
-from evora.strategies.protocol import GenerationResults, Tensors, Told, TrainingContext
+from evora.strategies.protocol import GenerationResults, Spend, Tensors, Told, TrainingContext
 from evora.strategies.sft.config import SFTConfig
 from evora.strategies.sft.strategy import SupervisedFineTuning
 from evora.strategies.trained import TrainedState
@@ -69,7 +69,7 @@ def step_norm(before: Tensors, after: Tensors) -> float:
 def self_train(cfg: EcologyConfig, run_seed: int, state: Any, generation: int, context: TrainingContext) -> Told:
     """The state with every living organelle that had successes trained on them, and its batch emptied."""
     organelles, losses, norms, examples = [], [], [], 0
-    spend: dict[str, int] = {}
+    spend = Spend()
     for fields in state.organelles:
         batch = [b for b in state.sft_batch if b["organelle"] == fields["id"]]
         if not batch:  # no success this generation, or born after the episodes
@@ -80,8 +80,7 @@ def self_train(cfg: EcologyConfig, run_seed: int, state: Any, generation: int, c
         losses.append(told.stats["loss"])
         norms.append(step_norm(fields["adapter"], told.state.adapter))
         examples += len(batch)
-        for key, value in told.spend.items():
-            spend[key] = spend.get(key, 0) + value
+        spend.add(told.spend)
     stats = {
         "sft_organelles": float(len(losses)),
         "sft_examples": float(examples),

@@ -59,6 +59,7 @@ __all__ = ["PROBE", "SERVE", "EcoSpec", "Ecology", "EcologyPayload", "EcologySta
 
 class Ecology:
     state_type: ClassVar[type] = EcologyState
+    routing_confidence: float  # PortfolioStrategy's: set from the config
 
     def __init__(self, cfg: EcologyConfig, run_seed: int):
         self.cfg = cfg

@@ -2,7 +2,7 @@
 
 from evora.strategies.eggroll.config import EggrollConfig, check_eggroll
 from evora.strategies.eggroll.strategy import EggrollPayload, EggrollState, EggrollStrategy, WeightUpdate
-from evora.strategies.protocol import FULL_WEIGHT
+from evora.strategies.kinds import FULL_WEIGHT
 from evora.strategies.registry import register_strategy
 
 register_strategy(

@@ -4,7 +4,7 @@ perturbations of every selected matrix, each candidate evaluated on the engine's
 
 from evora.strategies.es_full.config import EsFullConfig, check_es_full
 from evora.strategies.es_full.strategy import EsFullPayload, EsFullState, EsFullStrategy, EsFullUpdate
-from evora.strategies.protocol import FULL_WEIGHT
+from evora.strategies.kinds import FULL_WEIGHT
 from evora.strategies.registry import register_strategy
 
 register_strategy(

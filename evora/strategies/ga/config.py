@@ -73,7 +73,7 @@ def _check_selection(ga: GAConfig) -> None:
 def _check_variation(ga: GAConfig) -> None:
     """Crossover, mutation and the encoding they act on."""
     for key in ("crossover_rate", "mutation_rate"):
-        value = getattr(ga, key)
+        value = vars(ga)[key]
         require(0 <= value <= 1, f"strategy.{key}", value, "must be in [0, 1]")
     if ga.crossover_rate > 0:
         require(
@@ -100,7 +100,7 @@ def _check_refine(ga: GAConfig) -> None:
     choice("strategy.refine", ga.refine, ("none", "sft", "grpo"))
     if ga.refine != "none":
         for key in ("refine_every", "refine_steps"):
-            require(getattr(ga, key) >= 1, f"strategy.{key}", getattr(ga, key), "must be an integer >= 1")
+            require(vars(ga)[key] >= 1, f"strategy.{key}", vars(ga)[key], "must be an integer >= 1")
         require(ga.refine_learning_rate > 0, "strategy.refine_learning_rate", ga.refine_learning_rate, "must be > 0")
         require(ga.refine_group_size >= 2, "strategy.refine_group_size", ga.refine_group_size, "must be >= 2")
         require(

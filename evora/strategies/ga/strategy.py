@@ -44,6 +44,7 @@ class GASpec:
     parents: tuple[int, ...]  # positions in the payload's parent pool
     seed: int
     sigma: float  # this member's mutation scale
+    prompts: tuple[int, ...] | None = None  # evaluated on every prompt of its unit
 
     @property
     def label(self) -> str:

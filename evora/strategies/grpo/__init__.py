@@ -4,7 +4,7 @@ budget or matched to another run (`strategy.match=<run dir>`)."""
 
 from evora.strategies.grpo.config import GRPOConfig, check_grpo
 from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization
-from evora.strategies.protocol import GRADIENT
+from evora.strategies.kinds import GRADIENT
 from evora.strategies.registry import register_strategy
 
 register_strategy(

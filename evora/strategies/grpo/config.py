@@ -37,7 +37,7 @@ class GRPOConfig(BudgetFields):
 
 def check_grpo(cfg: GRPOConfig, run: Any) -> None:
     for key in ("num_generations", "prompts_per_step", "steps_per_generation", "micro_batches"):
-        require(getattr(cfg, key) >= 1, f"strategy.{key}", getattr(cfg, key), "must be an integer >= 1")
+        require(vars(cfg)[key] >= 1, f"strategy.{key}", vars(cfg)[key], "must be an integer >= 1")
     require(cfg.num_generations >= 2, "strategy.num_generations", cfg.num_generations, "must be >= 2 (a group)")
     completions = cfg.num_generations * cfg.prompts_per_step
     require(

@@ -7,7 +7,7 @@ by the task's reward through the same bounded scoring as every strategy."""
 from __future__ import annotations
 
 from evora.lora.noise import noise_key
-from evora.strategies.protocol import Told, TrainingContext
+from evora.strategies.protocol import Spend, Told, TrainingContext
 from evora.strategies.trained import TrainedAdapter, TrainedState
 from evora.training.grpo import GRPOSettings, LoraGRPO, LoraSpec
 
@@ -21,8 +21,8 @@ class GroupRelativePolicyOptimization(TrainedAdapter):
         trainer = self.trainer_at(state, context)
         before = {name: getattr(trainer, name) for name in COUNTERS}
 
-        def spend() -> dict[str, int]:
-            return {name: getattr(trainer, name) - before[name] for name in COUNTERS}
+        def spend() -> Spend:
+            return Spend(**{name: getattr(trainer, name) - before[name] for name in COUNTERS})
 
         stats = trainer.train(self.cfg.steps_per_generation, stop=lambda: context.spent(spend()))
         return Told(self.state_of(trainer), {**stats, "step": float(trainer.step)}, spend=spend())

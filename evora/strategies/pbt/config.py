@@ -44,7 +44,7 @@ def _nonempty(key: str, values: list) -> None:
 def check_pbt(pbt: PBTConfig, run: Any) -> None:
     require(pbt.population >= 2, "strategy.population", pbt.population, "must be an integer >= 2")
     for key in ("steps_per_generation", "batch_size", "gradient_accumulation"):
-        require(getattr(pbt, key) >= 1, f"strategy.{key}", getattr(pbt, key), "must be an integer >= 1")
+        require(vars(pbt)[key] >= 1, f"strategy.{key}", vars(pbt)[key], "must be an integer >= 1")
     _check_space(pbt)
     _check_schedule(pbt, run)
 
@@ -52,7 +52,7 @@ def check_pbt(pbt: PBTConfig, run: Any) -> None:
 def _check_space(pbt: PBTConfig) -> None:
     """The hyperparameters' search space: every option list, and the learning rate's bounds."""
     for key in ("ranks", "alpha_multipliers", "learning_rates", "lr_factors", "dropouts", "target_modules"):
-        _nonempty(key, getattr(pbt, key))
+        _nonempty(key, vars(pbt)[key])
     for rank in pbt.ranks:
         require(
             rank in VLLM_LORA_RANKS,
@@ -81,7 +81,7 @@ def _check_space(pbt: PBTConfig) -> None:
 def _check_schedule(pbt: PBTConfig, run: Any) -> None:
     """Exploration, training and evaluation settings."""
     for key in ("mutation_probability", "resample_probability"):
-        require(0 <= getattr(pbt, key) <= 1, f"strategy.{key}", getattr(pbt, key), "must be in [0, 1]")
+        require(0 <= vars(pbt)[key] <= 1, f"strategy.{key}", vars(pbt)[key], "must be in [0, 1]")
     require(
         0 < pbt.keep_top_fraction <= 0.5,
         "strategy.keep_top_fraction",

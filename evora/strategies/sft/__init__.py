@@ -2,7 +2,7 @@
 on the same contract (held-out every eval_every, selection, best-vs-base), optionally to a
 compute budget or matched to another run (`strategy.match=<run dir>`)."""
 
-from evora.strategies.protocol import GRADIENT
+from evora.strategies.kinds import GRADIENT
 from evora.strategies.registry import register_strategy
 from evora.strategies.sft.config import SFTConfig, check_sft
 from evora.strategies.sft.strategy import SupervisedFineTuning

@@ -24,14 +24,14 @@ class SFTConfig(BudgetFields):
 
 def check_sft(cfg: SFTConfig, run: Any) -> None:
     for key in ("steps_per_generation", "batch_size", "gradient_accumulation"):
-        require(getattr(cfg, key) >= 1, f"strategy.{key}", getattr(cfg, key), "must be an integer >= 1")
+        require(vars(cfg)[key] >= 1, f"strategy.{key}", vars(cfg)[key], "must be an integer >= 1")
     require(cfg.learning_rate > 0, "strategy.learning_rate", cfg.learning_rate, "must be > 0")
     require(cfg.weight_decay >= 0, "strategy.weight_decay", cfg.weight_decay, "must be >= 0")
     require(cfg.max_grad_norm > 0, "strategy.max_grad_norm", cfg.max_grad_norm, "must be > 0")
     require(0 <= cfg.warmup_ratio < 1, "strategy.warmup_ratio", cfg.warmup_ratio, "must be in [0, 1)")
     require(0 <= cfg.dropout < 1, "strategy.dropout", cfg.dropout, "must be in [0, 1)")
     check_budget(cfg)
-    budgeted = any(getattr(cfg, k) is not None for k in ("budget_flops", "budget_tokens", "budget_seconds", "match"))
+    budgeted = any(vars(cfg)[k] is not None for k in ("budget_flops", "budget_tokens", "budget_seconds", "match"))
     require(
         not budgeted or cfg.warmup_ratio == 0,
         "strategy.warmup_ratio",

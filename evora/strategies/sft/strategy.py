@@ -11,7 +11,7 @@ run seed and the step).
 from __future__ import annotations
 
 from evora.lora.noise import noise_key
-from evora.strategies.protocol import Told, TrainingContext
+from evora.strategies.protocol import Spend, Told, TrainingContext
 from evora.strategies.trained import TrainedAdapter, TrainedState
 from evora.training.lora_sft import LoraSFT, TrainSettings
 from evora.training.lora_spec import LoraSpec
@@ -27,10 +27,10 @@ class SupervisedFineTuning(TrainedAdapter):
         for _ in range(self.cfg.steps_per_generation):
             loss += trainer.train(1)
             taken += 1
-            if context.spent({"tokens_trained": trainer.tokens_trained - before}):
+            if context.spent(Spend(tokens_trained=trainer.tokens_trained - before)):
                 break
         stats = {"loss": loss / taken, "steps": float(taken), "step": float(trainer.step)}
-        return Told(self.state_of(trainer), stats, spend={"tokens_trained": trainer.tokens_trained - before})
+        return Told(self.state_of(trainer), stats, spend=Spend(tokens_trained=trainer.tokens_trained - before))
 
     def build_trainer(self, state: TrainedState, context: TrainingContext) -> LoraSFT:
         layout, cfg = context.layout, self.cfg

@@ -61,7 +61,7 @@ def family_config(cfg: MixConfig, name: str) -> TaskConfig:
     """Family `name`'s config: its task's, with the mix's shared keys, its share of the split
     sizes, and its `task.family_options`."""
     trained = {f: w for f, w in weighted(cfg).items() if f not in cfg.heldout_families}
-    shared = {key: getattr(cfg, key) for key in SHARED}
+    shared = {key: vars(cfg)[key] for key in SHARED}
     sizes = {
         "train_size": shares(cfg.train_size, trained).get(name, 0),
         "selection_size": shares(cfg.selection_size, trained).get(name, 0),

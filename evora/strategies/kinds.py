@@ -1,0 +1,176 @@
+"""What kind of strategy it is: a type that owns everything the kind changes.
+
+A kind is declared at registration (`register_strategy(kind=FULL_WEIGHT)`) and says
+
+- which protocol its strategies implement (checked when a strategy registers, and by mypy,
+  which types `register_strategy`'s decorator by it);
+- which fields its configs have (population, steps per generation);
+- the search that runs its generations and the exporter that writes its finish, both in the
+  distributed runtime and so named as "module:attribute" (strategies import no runtime);
+- what the driver holds of the engines' weights (full-weight kinds: their master copies);
+- its part in the memory estimate and the candidates' layout.
+
+No module outside this one asks which kind a strategy is: each asks its kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Protocol, TypeVar
+
+from evora.lora.layout import AdapterLayout
+from evora.strategies.full_weights import FullWeightStrategy, InPlaceStrategy
+from evora.strategies.noise_sums import SummedStrategy
+from evora.strategies.protocol import GradientStrategy, PortfolioStrategy, RefiningStrategy, Strategy
+
+P = TypeVar("P")
+
+POPULATION_SEARCH = "evora.distributed.search:PopulationSearch"
+EXPORT_ADAPTERS = "evora.distributed.exporters:export_adapters"
+# A trait a strategy may declare at registration, and the protocol that it adds.
+TRAITS: dict[str, type] = {"refines": RefiningStrategy, "summed": SummedStrategy, "in_place": InPlaceStrategy}
+
+
+def protocol_members(protocol: type) -> set[str]:
+    """The members a protocol declares, its bases' too."""
+    return {
+        name
+        for klass in protocol.__mro__
+        if klass not in (object, Protocol, Generic) and vars(klass).get("_is_protocol", False)
+        for name in [*vars(klass), *vars(klass).get("__annotations__", {})]
+        if not name.startswith("_")
+    }
+
+
+def missing_members(cls: type, protocol: type) -> list[str]:
+    """What `cls` lacks of `protocol`: methods and properties, and the attributes it declares."""
+    declared = set(dir(cls)) | {name for klass in cls.__mro__ for name in vars(klass).get("__annotations__", {})}
+    return sorted(protocol_members(protocol) - declared)
+
+
+def resolve(path: str) -> Any:
+    module, _, attribute = path.partition(":")
+    return vars(importlib.import_module(module))[attribute]
+
+
+@dataclass(frozen=True)
+class Kind(Generic[P]):
+    name: str
+    protocol: type | None  # what its strategies implement; None: the strategy runs its whole job (a runner)
+    search: str | None = POPULATION_SEARCH  # "module:Class" in evora.distributed, built with SearchParts
+    exporter: str | None = EXPORT_ADAPTERS  # "module:function" taking ExportParts
+    weights: str | None = None  # "module:Class": what the driver holds of the engines' weights (None: nothing)
+    moves_weights: bool = False  # its tell moves the engines' base weights (not a LoRA over them)
+    trains_on_driver: bool = False  # every strategy of the kind trains on the driver (a TrainingContext)
+    config_fields: tuple[str, ...] = ()  # fields its strategies' configs must have
+    traits: frozenset[str] = frozenset()  # TRAITS its strategies may declare
+
+    def check(self, name: str, strategy: type | None, config: type, traits: set[str]) -> None:
+        """At registration: the strategy implements the kind's protocol (and its traits'), its
+        config has the kind's fields, and its traits are the kind's to have."""
+        if (self.protocol is None) != (strategy is None):
+            raise TypeError(f"strategy {name}: a runner, and only a runner, makes kind={self.name!r}")
+        for trait in sorted(traits - self.traits):
+            raise TypeError(f"strategy {name}: {trait}=True is not for kind={self.name!r}")
+        fields = {f.name for f in dataclasses.fields(config)}
+        for field in self.config_fields:
+            if field not in fields:
+                raise TypeError(f"strategy {name}: kind={self.name!r} needs a config with a `{field}` field")
+        protocols = [p for p in (self.protocol, *(TRAITS[t] for t in sorted(traits))) if p is not None]
+        for protocol in protocols:
+            missing = missing_members(strategy, protocol) if strategy is not None else []
+            if missing:
+                raise TypeError(f"strategy {name}: {protocol.__name__} needs {', '.join(missing)}")
+
+    def population(self, cfg: Any) -> int:
+        """Candidates a generation evaluates, from the config (0: the kind has no fixed population)."""
+        return 0
+
+    def steps_per_generation(self, cfg: Any) -> int:
+        """Optimizer steps a generation takes on the driver (refinement after a tell: one)."""
+        return 1
+
+    def candidates(self, build: Callable[[], Any], layout: AdapterLayout) -> AdapterLayout:
+        """What its candidates are on the engines: the run's LoRA."""
+        return layout
+
+    def master_bytes(self, build: Callable[[], Any], layout: AdapterLayout) -> int:
+        """Bytes a worker holds beside its engine (full-weight master copies)."""
+        return 0
+
+    def search_class(self) -> Any:
+        assert self.search is not None, f"kind={self.name} runs its own job"
+        return resolve(self.search)
+
+    def export_function(self) -> Any:
+        assert self.exporter is not None, f"kind={self.name} runs its own job"
+        return resolve(self.exporter)
+
+    def engine_weights(self) -> Any | None:
+        return resolve(self.weights) if self.weights is not None else None
+
+
+class PopulationConfig(Protocol):
+    population: int
+
+
+@dataclass(frozen=True)
+class PopulationKind(Kind[P]):
+    config_fields: tuple[str, ...] = ("population",)
+
+    def population(self, cfg: PopulationConfig) -> int:
+        return cfg.population
+
+
+@dataclass(frozen=True)
+class FullWeightKind(PopulationKind[FullWeightStrategy]):
+    """Its candidates are LoRAs of the strategy's perturbation rank at scale 1 (alpha = rank) on
+    the run's modules, over weights its tell moves; workers keep fp32 master copies of them."""
+
+    moves_weights: bool = True
+    weights: str | None = "evora.distributed.full_weights:EngineWeights"
+    exporter: str | None = "evora.distributed.exporters:export_weights"
+
+    def candidates(self, build: Callable[[], Any], layout: AdapterLayout) -> AdapterLayout:
+        strategy: FullWeightStrategy = build()
+        rank = strategy.perturbation_rank
+        return dataclasses.replace(layout, rank=rank, alpha=float(rank))
+
+    def master_bytes(self, build: Callable[[], Any], layout: AdapterLayout) -> int:
+        strategy: FullWeightStrategy = build()
+        return strategy.master_bytes(layout)
+
+
+class GradientConfig(Protocol):
+    steps_per_generation: int
+
+
+@dataclass(frozen=True)
+class GradientKind(Kind[GradientStrategy]):
+    search: str | None = "evora.distributed.search:GradientSearch"
+    trains_on_driver: bool = True
+    config_fields: tuple[str, ...] = ("steps_per_generation",)
+
+    def steps_per_generation(self, cfg: GradientConfig) -> int:
+        return cfg.steps_per_generation
+
+
+# ask/tell; candidates evaluated on the workers
+POPULATION: PopulationKind[Strategy] = PopulationKind("population", Strategy, traits=frozenset({"refines", "summed"}))
+# a population whose members serve as a routed portfolio (the ecology)
+PORTFOLIO: Kind[PortfolioStrategy] = Kind(
+    "portfolio",
+    PortfolioStrategy,
+    exporter="evora.distributed.exporters:export_portfolio",
+    traits=frozenset({"refines"}),
+)
+# a population whose tell moves the engines' base weights (EGGROLL, the ES paper's)
+FULL_WEIGHT = FullWeightKind("full_weight", FullWeightStrategy, traits=frozenset({"in_place"}))
+# trained on the driver, one improve() per generation (SFT, GRPO)
+GRADIENT = GradientKind("gradient", GradientStrategy)
+# runs the whole job itself (`register_strategy(runner=...)`): PBT on Ray Tune, whose population
+# is the members it trains at once (the engines keep them all loaded under engine.units=whole)
+JOB: PopulationKind[None] = PopulationKind("job", None, search=None, exporter=None)
+KINDS: tuple[Kind[Any], ...] = (POPULATION, PORTFOLIO, FULL_WEIGHT, GRADIENT, JOB)
