@@ -3,17 +3,11 @@ options, the registered strategies, and example command lines (instead of Hydra'
 
 from __future__ import annotations
 
+from evora.commands import SUBCOMMANDS
 from evora.plan.compose import GROUPS, group_options
 from evora.strategies import entries
 
-SUBCOMMANDS = (
-    ("(none)", "run a job: evora [key=value ...] (Hydra overrides; -m sweeps)"),
-    ("eval", "evaluate an adapter (or the base model) on a split, optionally against the base model"),
-    ("analyze", "plots/ and report.md of a run folder, or sweep.png of a sweep folder"),
-    ("compare", "base/final/best held-out reward, compute and wall-clock of several runs, side by side"),
-    ("runs", "list, show or clean the run folders under runs/"),
-    ("serve", "vLLM's OpenAI-compatible server with a run's base model and adapters by name"),
-)
+RUN = ("(none)", "run a job: evora [key=value ...] (Hydra overrides; -m sweeps)")
 EXAMPLES = (
     "evora +experiment=quickstart/es                  # the quickstart: tiny model, CPU, local Ray",
     "evora model=qwen2_5_0_5b task=countdown strategy=es hardware=gpu",
@@ -32,7 +26,8 @@ def help_text() -> str:
         "",
         "subcommands:",
     ]
-    lines += [f"  {name:<9} {text}" for name, text in SUBCOMMANDS]
+    commands = [RUN, *((name, command.summary) for name, command in SUBCOMMANDS.items())]
+    lines += [f"  {name:<9} {text}" for name, text in commands]
     lines += ["", "config groups (choose with group=option; every key can be set, e.g. strategy.sigma=0.002):"]
     lines += [f"  {group:<9} {', '.join(group_options(group))}" for group in GROUPS]
     lines += ["", "strategies:"]

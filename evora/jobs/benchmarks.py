@@ -44,31 +44,6 @@ class LmEvalOptions:
     apply_chat_template: bool = False  # the model's chat template around each prompt
     log_samples: bool = False  # each document's prompt, answers and metrics in samples_<subject>.jsonl
 
-    @classmethod
-    def of(cls, options: dict[str, str]) -> LmEvalOptions:
-        """From `evora eval`'s key=value options; a bad value is one line naming its key."""
-        return cls(
-            limit=_count(options, "limit"),
-            num_fewshot=_count(options, "num_fewshot"),
-            apply_chat_template=_flag(options, "apply_chat_template"),
-            log_samples=_flag(options, "log_samples"),
-        )
-
-
-def _count(options: dict[str, str], key: str) -> int | None:
-    """An eval option that is a count (0 or more), or None where it is not given."""
-    value = options.get(key)
-    if value is not None and not value.isdigit():
-        raise ConfigError(f"{key}={value}: a count (0, 1, 2, ...)")
-    return int(value) if value is not None else None
-
-
-def _flag(options: dict[str, str], key: str) -> bool:
-    value = options.get(key, "false").lower()
-    if value not in ("true", "false"):
-        raise ConfigError(f"{key}={value}: allowed: true, false")
-    return value == "true"
-
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -287,17 +262,6 @@ def run_benchmarks(
     (out / "benchmarks.md").write_text(markdown(report))
     report["paths"] = [str(out / "benchmarks.md"), str(out / "benchmarks.json")]
     return report
-
-
-def benchmark(run: RunConfig, adapter: str | None, options: dict[str, str], out: Path) -> dict[str, Any]:
-    """`evora eval benchmarks=[a,b]`: lm-eval's tasks on the export and the base model."""
-    if adapter is None:
-        raise ConfigError("benchmarks=...: adapter= names a PEFT adapter, a model folder or a routing.json")
-    tasks = [t.strip() for t in options["benchmarks"].strip("[]").split(",") if t.strip()]
-    if not tasks:
-        raise ConfigError(f"benchmarks={options['benchmarks']}: tasks as [a,b]")
-    lm_eval_options = LmEvalOptions.of(options)
-    return run_benchmarks(run, adapter, tasks, out, options.get("benchmarks_path"), lm_eval_options)
 
 
 def benchmark_environment(run: RunConfig) -> dict[str, str]:

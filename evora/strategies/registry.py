@@ -63,6 +63,9 @@ class StrategyEntry:
     # an analysis_hooks.Analysis, or "module:attribute" naming one (imported only when a run is analysed,
     # so registering imports no matplotlib). evora.analysis names no strategy; it asks analysis_hooks().
     analysis: Analysis | str | None = None
+    # Process environment its runner reads in the CLI's process, set there before any job (a
+    # user's own settings kept): PBT's Ray Tune settings.
+    environment: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         traits = {trait for trait in TRAITS if vars(self)[trait]}

@@ -369,7 +369,7 @@ def test_pbt_finishes_with_the_member_best_on_selection_better_than_the_base_mod
     assert [r["generation"] for r in read_metrics(run_dir)] == [1, 2, 3]
     assert list((run_dir / "wandb").glob("offline-run-*")), "no W&B run from WandbLoggerCallback"
     assert "best member" in stdout
-    # Tune ran with the CLI's settings (cli.TUNE_ENVIRONMENT): no result files of its own.
+    # Tune ran with the CLI's settings (the PBT registration's environment): no result files of its own.
     assert not [p.name for p in run_dir.rglob("*") if p.name in ("progress.csv", "result.json")]
 
 

@@ -11,9 +11,9 @@ import random
 import numpy as np
 import pytest
 
+from evora.commands.evaluate import EvalOptions, eval_options
 from evora.errors import ConfigError
-from evora.jobs.benchmarks import Evaluation, LmEvalOptions, benchmark, compare, paired_stderr, per_document
-from evora.plan.compose import compose_run
+from evora.jobs.benchmarks import Evaluation, LmEvalOptions, compare, paired_stderr, per_document
 
 KEY = "exact_match,none"
 
@@ -71,13 +71,27 @@ def test_rows_carry_the_paired_error_read_from_lm_evals_samples():
     [
         ("num_fewshot=two", "num_fewshot=two: a count"),
         ("limit=-3", "limit=-3: a count"),
-        ("apply_chat_template=yes", "apply_chat_template=yes: allowed: true, false"),
-        ("log_samples=1", "log_samples=1: allowed: true, false"),
+        ("apply_chat_template=maybe", "apply_chat_template=maybe: allowed: true, false"),
+        ("log_samples=[1]", "log_samples=[1]: allowed: true, false"),
+        ("benchmarks=[]", "benchmarks=[]: tasks as [a,b]"),
+        ("split=test", "split=test: allowed: heldout, selection, train"),
+        ("compare=true", "adapter: required"),
+        ("benchmarks=[a,b", "malformed override 'benchmarks=[a,b'"),
     ],
 )
-def test_lm_evals_options_are_checked_in_one_line(option, message, tmp_path):
-    key, _, value = option.partition("=")
+def test_evals_options_are_hydra_overrides_checked_in_one_line(option, message):
+    adapter = [] if option.startswith("compare") else ["adapter=base"]
     with pytest.raises(ConfigError) as error:
-        benchmark(compose_run(["engine=hf"]), str(tmp_path), {"benchmarks": "[evora_addition]", key: value}, tmp_path)
+        eval_options([*adapter, option])
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_evals_options_are_typed_by_hydras_grammar_and_the_rest_are_config_overrides():
+    argv = ["adapter=a/b", "benchmarks=[gsm8k,arc_easy]", "num_fewshot=1", "apply_chat_template=true", "seed=3"]
+    options, overrides = eval_options([*argv, "task.eval_size=8", "limit=5", "compare=True"])
+    assert options == EvalOptions(
+        adapter="a/b", compare=True, benchmarks=["gsm8k", "arc_easy"], limit=5, num_fewshot=1, apply_chat_template=True
+    )
+    assert overrides == ["seed=3", "task.eval_size=8"]
+    assert eval_options(["adapter=base", "benchmarks=gsm8k"])[0].benchmarks == ["gsm8k"]  # one task, no brackets
     assert LmEvalOptions() == LmEvalOptions(None, None, False, False)  # every option off unless given

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evora import cli
+from evora.commands import evaluate
 from evora.plan.compose import CONF_DIR
 from evora.plan.jobs import preflight
 
@@ -85,8 +85,8 @@ def test_there_are_commands_to_check():
     assert len(conf_header_commands()) >= len(list(CONF_DIR.rglob("*.yaml"))) - 3
 
 
-# evora eval's own options (evora.cli.EVAL_OPTIONS), as a prefix each.
-EVAL_OPTIONS = tuple(f"{option}=" for option in cli.EVAL_OPTIONS)
+# evora eval's own options (evora.commands.evaluate.EVAL_OPTIONS), as a prefix each.
+EVAL_OPTIONS = tuple(f"{option}=" for option in evaluate.EVAL_OPTIONS)
 
 
 @pytest.fixture(scope="module")

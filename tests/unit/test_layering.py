@@ -17,7 +17,10 @@ import evora
 # Top to bottom: a module may import its own layer and the layers below it, never above.
 # First matching prefix wins; a strategy's job runner sits above the runtime it drives.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("entry points", ("evora.cli", "evora.__main__", "evora.help", "evora.doctor", "evora.serve", "evora.api")),
+    (
+        "entry points",
+        ("evora.cli", "evora.commands", "evora.__main__", "evora.help", "evora.doctor", "evora.serve", "evora.api"),
+    ),
     ("run management and job runners", ("evora.runs", "evora.jobs")),
     ("distributed runtime", ("evora.distributed",)),
     ("analysis", ("evora.analysis",)),

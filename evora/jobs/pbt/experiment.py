@@ -30,7 +30,7 @@ def experiment_dir(run_dir: Path) -> Path:
 
 def quiet_tune() -> None:
     """Tune's own log off the console; evora prints one line per result (its output settings
-    are environment variables, which the CLI sets for its process: cli.TUNE_ENVIRONMENT)."""
+    are environment variables, which the CLI sets for its process: the registration's TUNE_ENVIRONMENT)."""
     for name in ("ray.tune", "ray.train", "ray.air"):
         logging.getLogger(name).setLevel(logging.ERROR)
 

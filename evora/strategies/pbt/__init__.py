@@ -6,6 +6,15 @@ imported only when a PBT job starts."""
 from evora.strategies.pbt.config import PBTConfig, check_pbt
 from evora.strategies.registry import register_strategy
 
+# Ray Tune reads these in the process that runs it, the CLI's: no console tables or snapshot
+# warnings of its own, and no result files of its own (evora prints one line per result and
+# writes trials.jsonl).
+TUNE_ENVIRONMENT = (
+    ("RAY_AIR_NEW_OUTPUT", "0"),
+    ("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0"),
+    ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1"),
+)
+
 register_strategy(
     "pbt",
     config=PBTConfig,
@@ -14,6 +23,7 @@ register_strategy(
     validate=check_pbt,
     report_keys=("population", "steps_per_generation", "ranks", "learning_rates", "keep_top_fraction", "fitness"),
     analysis="evora.strategies.pbt.analysis:ANALYSIS",
+    environment=TUNE_ENVIRONMENT,
 )
 
 __all__ = ["PBTConfig"]
