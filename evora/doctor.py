@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from evora.config.schema import RunConfig
-from evora.engines.support import engine_support, vllm_version
+from evora.engines.registry import engine_names, get_engine
+from evora.engines.support import vllm_version
 from evora.errors import EvoraError
 from evora.lora.modules import ModelModules, model_modules, modules_of_config
 from evora.models import BUNDLED_DIR, check_hub_model, locate_model
@@ -76,7 +77,7 @@ def report(run: RunConfig) -> list[str]:
         f"model        {run.model.path} (config from {source})",
         f"architecture {modules.architecture} ({modules.model_type}), {modules.parameters / 1e6:,.1f}M parameters, "
         + (f"mixture of {modules.experts} experts" if modules.experts else "dense"),
-        "engines      " + " | ".join(_support(name, modules, device) for name in ("vllm", "hf")),
+        "engines      " + " | ".join(_support(name, modules, device) for name in engine_names()),
     ]
     if modules.not_adaptable:
         lines.append(f"not adaptable {', '.join(modules.not_adaptable[:3])} (3-D weights with no per-expert form)")
@@ -95,7 +96,7 @@ def report(run: RunConfig) -> list[str]:
 
 
 def _support(engine: str, modules: ModelModules, device: str) -> str:
-    support = engine_support(engine, modules, device)
+    support = get_engine(engine).supports(modules, device)
     return f"{engine}: runs LoRA" if support.runs else f"{engine}: no ({support.why})"
 
 
@@ -146,7 +147,7 @@ def _room_hint(run: RunConfig, memory: Any, total: int | None) -> str:
     if run.hardware.gpus_per_worker == 0 or not total or master_device(run, memory) == "cuda":
         return ""
     utilization = 1 - (memory.master + MASTER_MARGIN) / total
-    if run.engine.name != "vllm" or utilization <= memory.to_start() / total:
+    if not get_engine(run.engine.name).memory.pooled or utilization <= memory.to_start() / total:
         return ""
     return f"; on the GPU with hardware.gpu_memory_utilization <= {utilization:.2f}"
 
@@ -154,6 +155,7 @@ def _room_hint(run: RunConfig, memory: Any, total: int | None) -> str:
 def _units_lines(run: RunConfig) -> list[str]:
     """The work units a generation is cut into, and how many each worker gets."""
     from evora.distributed.units import search_units
+    from evora.strategies.protocol import CandidateSpec, Spec
 
     population = get_strategy(run.strategy.name).kind.population(run.strategy)
     if population == 0:  # the kind has no fixed population
@@ -161,7 +163,8 @@ def _units_lines(run: RunConfig) -> list[str]:
     prompts = tuple(range(run.task.prompts_per_generation))
     workers = run.hardware.num_workers
     engine, min_units = run.engine, run.hardware.min_units
-    units = search_units(list(range(population)), prompts, engine.units, engine.max_loras, workers or 1, min_units)
+    specs: list[Spec] = [CandidateSpec(0, index) for index in range(population)]
+    units = search_units(specs, prompts, engine.units, engine.max_loras, workers or 1, min_units)
     cut = len({part for _, part in units})
     shape = f"{population} candidates x {len(prompts)} prompts, engine.max_loras={engine.max_loras}"
     line = f"units        {len(units)} work units a generation ({shape}, prompts in {cut} part(s))"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from evora.lora import Tensors
 from evora.strategies.noise_sums import NoiseSums
-from evora.strategies.protocol import prompts_of
+from evora.strategies.protocol import Spec, prompts_of
 
 EVAL_CHUNK = 64  # examples per work unit of an evaluation (held-out, selection)
 
@@ -18,7 +18,7 @@ def chunks(items: list, size: int) -> list[list]:
 
 
 def search_units(
-    specs: list, prompts: tuple[int, ...], units: str, max_loras: int, workers: int, min_units: int = 1
+    specs: list[Spec], prompts: tuple[int, ...], units: str, max_loras: int, workers: int, min_units: int = 1
 ) -> list[tuple[list, tuple[int, ...]]]:
     """A generation's (candidates, prompts) work units (one `generate` call each). `fixed`: at
     most max_loras candidates a unit and, when that makes fewer than `min_units` units, the

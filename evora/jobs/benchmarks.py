@@ -24,6 +24,7 @@ from typing import Any
 
 from evora.config.schema import VLLM_LORA_RANKS, RunConfig
 from evora.distributed.portfolio import read_routing
+from evora.engines.registry import get_engine
 from evora.engines.vllm_patches import install_cpu_distribution_name
 from evora.errors import ConfigError
 from evora.lora.peft_io import CONFIG_FILE as ADAPTER_CONFIG
@@ -31,7 +32,6 @@ from evora.lora.peft_io import read_adapter_config
 from evora.models import locate_model
 from evora.tasks.builtin.lm_eval_task import reading_from
 
-BACKENDS = {"vllm": "vllm", "hf": "hf"}  # evora engine -> lm-eval model type
 RESULT_FIELDS = ("name", "alias", "sample_len", "samples")  # lm-eval's per-task keys that are no metric
 
 
@@ -158,7 +158,7 @@ def evaluate(
         from lm_eval.tasks import TaskManager
     except ImportError:
         raise ConfigError("benchmarks=...: needs lm-evaluation-harness: pip install -e '.[eval]'") from None
-    backend = BACKENDS[run.engine.name]
+    backend = get_engine(run.engine.name).lm_eval_backend
     if backend == "vllm":
         install_cpu_distribution_name()  # lm-eval's vLLM backend asks for the `vllm` distribution's version
     include_path = str(Path(include_path).resolve()) if include_path else None
@@ -249,7 +249,7 @@ def run_benchmarks(
     report: dict[str, Any] = {
         "export": name,
         "base_model": run.model.path,
-        "backend": BACKENDS[run.engine.name],
+        "backend": get_engine(run.engine.name).lm_eval_backend,
         "tasks": tasks,
     }
     report |= {"seed": run.seed, "limit": options.limit, "num_fewshot": options.num_fewshot}
@@ -268,8 +268,5 @@ def benchmark_environment(run: RunConfig) -> dict[str, str]:
     """What the process that runs `benchmark` sets first: lm-eval's vLLM engine runs in it, and gets
     the environment evora's engines get."""
     from evora.distributed.worker_spec import engine_spec
-    from evora.engines.environment import engine_environment
 
-    if run.engine.name != "vllm":
-        return {}
-    return engine_environment("vllm", engine_spec(run, locate_model(run.model.path).path))
+    return get_engine(run.engine.name).environment(engine_spec(run, locate_model(run.model.path).path))

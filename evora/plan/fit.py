@@ -8,6 +8,7 @@ from typing import Any
 
 from evora.config.checks import fail
 from evora.config.schema import RunConfig, vllm_lora_rank
+from evora.engines.registry import get_engine
 from evora.models.memory import GIB, estimate
 from evora.strategies import get_strategy
 
@@ -68,22 +69,18 @@ def master_device(run: RunConfig, memory: Any) -> str:
     _, total = device_memory(run)
     if total is None:
         return "cpu"  # no GPU here and no hardware.gpu_memory_gib: the safe place
-    if run.engine.name == "vllm":
-        left = total * (1 - run.hardware.gpu_memory_utilization)
-    else:
-        left = total - memory.weights - memory.lora_slots
+    left = get_engine(run.engine.name).memory.gpu_left(memory, run.hardware.gpu_memory_utilization, total)
     return "cuda" if memory.master + MASTER_MARGIN <= left else "cpu"
 
 
 def memory_need(run: RunConfig, memory: Any) -> tuple[int, int]:
     """(bytes needed, bytes available) on the device the check compares with; 0 available: unknown."""
     _, total = device_memory(run)
-    hardware, vllm = run.hardware, run.engine.name == "vllm"
+    hardware, model = run.hardware, get_engine(run.engine.name).memory
     if hardware.gpus_per_worker > 0:
-        need = memory.to_start() if vllm else memory.weights + memory.lora_slots
-        return need, int((hardware.gpu_memory_utilization if vllm else 1.0) * (total or 0))
+        return model.gpu_need(memory, hardware.gpu_memory_utilization, total or 0)
     workers = hardware.num_workers or 1
-    kv = hardware.kv_cache_gib * GIB if vllm else 0
+    kv = model.host_cache(hardware.kv_cache_gib)
     return workers * (memory.weights + memory.lora_slots + kv + memory.master), total or 0
 
 

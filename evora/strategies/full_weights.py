@@ -204,15 +204,8 @@ def with_fitness(state: H, specs: list[CandidateSpec], results: GenerationResult
     return replace(state, fitness=[*state.fitness, [float(f) for f in shaped]])  # type: ignore[type-var]  # H is a dataclass
 
 
-def check_full_weight(name: str, snapshot_every: int, delta_rank: int, run: Any = None) -> None:
-    """The rules every full-weight strategy shares: snapshots, the delta adapter's rank, and
-    weights sharded only through vLLM."""
+def check_full_weight(snapshot_every: int, delta_rank: int) -> None:
+    """The rules every full-weight strategy shares: snapshots and the delta adapter's rank
+    (sharded weights need an engine that shards: config validation's rule for every run)."""
     require(snapshot_every >= 1, "strategy.snapshot_every", snapshot_every, "must be an integer >= 1")
     require(delta_rank >= 1, "strategy.delta_rank", delta_rank, "must be an integer >= 1")
-    if run is not None:
-        require(
-            run.hardware.tensor_parallel_size == 1 or run.engine.name == "vllm",
-            "hardware.tensor_parallel_size",
-            run.hardware.tensor_parallel_size,
-            f"strategy={name} shards weights only through vLLM (engine=vllm)",
-        )

@@ -161,7 +161,7 @@ def test_vllm_not_installed_is_one_line_before_ray():
         text=True,
         timeout=300,
     )
-    one_error_line(result, 2, 'engine="vllm": vLLM is not installed here', "engine=hf")
+    one_error_line(result, 2, 'engine="vllm": vllm is not installed here', "engine=hf")
     assert list(out.iterdir()) == []  # nothing started
 
 

@@ -146,7 +146,7 @@ def test_configs_are_frozen():
         ("hardware=gpu hardware.tensor_parallel_size=0", "hardware.tensor_parallel_size=0: must be >= 1"),
         (
             "hardware=gpu engine=hf hardware.tensor_parallel_size=2",
-            "> 1 needs GPU engines (hardware.gpus_per_worker=1) and engine=vllm",
+            "> 1 needs GPU engines (hardware.gpus_per_worker=1) that shard a model: engine=vllm",
         ),
         ("engine.units=all", 'engine.units="all": allowed: fixed, whole'),
         ("hardware.driver_restarts=-1", "hardware.driver_restarts=-1: must be >= 0"),

@@ -205,7 +205,8 @@ def test_the_shipped_yaml_composes_with_the_papers_defaults():
     with pytest.raises(ConfigError) as error:
         compose_run(["strategy=es_full", "hardware=gpu", "engine=hf", "hardware.tensor_parallel_size=2"])
     assert str(error.value) == (
-        "hardware.tensor_parallel_size=2: strategy=es_full shards weights only through vLLM (engine=vllm)"
+        "hardware.tensor_parallel_size=2: > 1 needs GPU engines (hardware.gpus_per_worker=1) that shard a model: "
+        "engine=vllm"
     )
 
 

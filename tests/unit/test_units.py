@@ -28,7 +28,7 @@ PROMPTS = tuple(range(100, 116))  # 16 prompts of a generation
     ],
 )
 def test_search_units_keep_candidate_order_and_size_by_mode(units, workers, sizes):
-    specs = list(range(10))
+    specs = [CandidateSpec(0, i) for i in range(10)]
     chunks = search_units(specs, PROMPTS, units, max_loras=4, workers=workers)
     assert [len(c) for c, _ in chunks] == sizes
     assert [s for c, _ in chunks for s in c] == specs

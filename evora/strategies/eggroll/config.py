@@ -44,4 +44,4 @@ def check_eggroll(cfg: EggrollConfig, run: Any = None) -> None:
     require(0 <= cfg.beta1 < 1, "strategy.beta1", cfg.beta1, "must be in [0, 1)")
     require(0 <= cfg.beta2 < 1, "strategy.beta2", cfg.beta2, "must be in [0, 1)")
     require(cfg.eps > 0, "strategy.eps", cfg.eps, "must be > 0")
-    check_full_weight("eggroll", cfg.snapshot_every, cfg.delta_rank, run)
+    check_full_weight(cfg.snapshot_every, cfg.delta_rank)

@@ -36,4 +36,4 @@ def check_es_full(cfg: EsFullConfig, run: Any = None) -> None:
     require(cfg.lr > 0, "strategy.lr", cfg.lr, "must be > 0")
     require(cfg.weight_decay >= 0, "strategy.weight_decay", cfg.weight_decay, "must be >= 0")
     choice("strategy.shaping", cfg.shaping, SHAPINGS)
-    check_full_weight("es_full", cfg.snapshot_every, cfg.delta_rank, run)
+    check_full_weight(cfg.snapshot_every, cfg.delta_rank)
