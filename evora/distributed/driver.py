@@ -207,14 +207,12 @@ class Driver:
             workers_lost=record.get("workers_lost", 0) + sum(isinstance(c, WorkerLost) for c in changes),
             workers_replaced=record.get("workers_replaced", 0) + sum(isinstance(c, WorkerReplaced) for c in changes),
         )
-        if searched.pool_events is not None:
-            record["pool_events"] = searched.pool_events
         self.recorder.account(record, searched.spend, eval_spend, search_done - started, finished - search_done)
         self.recorder.log(record)
         if due:
             self.recorder.completions(done, self.scoring.rows)
         self._checkpoint(done)
-        events = record.pop("pool_events", []) + changes
+        events = [*(searched.pool_events or []), *changes]  # for the console, not the metrics
         return {"kind": "generation", **record, "generations": self._planned_generations(), "pool_events": events}
 
     def _spent_now(self, spend: Spend) -> bool:
