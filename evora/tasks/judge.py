@@ -113,7 +113,9 @@ class JudgeRewards:
                 reply = await self._ask(client, request)
             except openai.APITimeoutError:
                 return Outcome(failure=TIMEOUT, message=f"{self.judge.url}: no answer within {self.judge.timeout_s} s")
-            except openai.APIError as error:
+            except Exception as error:  # the client's errors, and its transport's own bugs
+                # (anyio's AttributeError on a socket the judge closed while connecting) are a failed
+                # reward alike: counted, and bounded by task.judge.max_error_rate.
                 return Outcome(failure=ERROR, message=f"{self.judge.url}: {type(error).__name__}: {error}"[:300])
         return parse_score(self.judge, reply)
 
