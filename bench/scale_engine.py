@@ -76,7 +76,12 @@ ENGINE_NAME = "hf"  # the engine name the bench's runs use (validated as the pro
 
 
 def setup_process() -> None:
-    """Every Ray worker process of the bench's Ray: the engine name runs `BenchEngine`."""
-    import evora.engines
+    """Every Ray worker process of the bench's Ray: the engine name runs `BenchEngine` (its
+    registration again, with this class)."""
+    import dataclasses
 
-    evora.engines.ENGINES[ENGINE_NAME] = "scale_engine:BenchEngine"
+    from evora.engines import get_engine, register_engine
+
+    entry = get_engine(ENGINE_NAME)
+    fields = {f.name: vars(entry)[f.name] for f in dataclasses.fields(entry) if f.name != "name"}
+    register_engine(ENGINE_NAME, **{**fields, "engine": "scale_engine:BenchEngine"})
