@@ -3,6 +3,7 @@ against a GPU's memory or this host's RAM, checked before Ray and shown by `evor
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ def plan_memory(run: RunConfig, modules: Any, layout: Any) -> Any:
     """One worker's memory estimate for the run (evora/models/memory.py)."""
     entry = get_strategy(run.strategy.name)
 
+    @functools.cache  # the kind asks for it twice (rank and master copies), and builds it only if it needs it
     def build() -> Any:
         return entry.build(run.strategy, run.seed)
 

@@ -5,15 +5,11 @@ one YAML."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import yaml
+from package_copy import run_in_copy
 
 import evora
 from evora.engines import engine_names, get_engine
@@ -105,19 +101,8 @@ except ConfigError as error:
 
 
 def test_a_new_engine_is_one_module_and_one_yaml(tmp_path):
-    copy = tmp_path / "evora"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "engines" / "catalog" / "echo.py").write_text(textwrap.dedent(ECHO))
-    (copy / "conf" / "engine" / "echo.yaml").write_text(ECHO_YAML)
-    result = subprocess.run(
-        [sys.executable, "-c", CHECK],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    created, sharding = result.stdout.strip().splitlines()
+    files = {"engines/catalog/echo.py": ECHO, "conf/engine/echo.yaml": ECHO_YAML}
+    created, sharding = run_in_copy(tmp_path, files, CHECK)
     assert created == "EchoEngine 1"
     assert sharding == (
         "hardware.tensor_parallel_size=2: > 1 needs GPU engines (hardware.gpus_per_worker=1) that shard a model: "

@@ -5,16 +5,13 @@ names no task); a new task is one module and one YAML."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import shutil
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
+from package_copy import run_in_copy
 
 import evora
 from evora.config.schema import TaskConfig
@@ -217,19 +214,8 @@ for bad in (["task=palindrome", "task.min_length=1"], ["task.min_length=4"]):
 def test_a_new_task_is_one_module_and_one_yaml(tmp_path):
     """A copy of the package with a module added to tasks/builtin and a YAML to conf/task, and no
     other file touched: the task composes, validates, builds and resumes by name."""
-    copy = tmp_path / "evora"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))  # conf/ (a link) copied in full
-    (copy / "tasks" / "builtin" / "palindrome.py").write_text(textwrap.dedent(PALINDROME))
-    (copy / "conf" / "task" / "palindrome.yaml").write_text(PALINDROME_YAML)
-    result = subprocess.run(
-        [sys.executable, "-c", CHECK],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    prompts, rewards, too_short, unknown = result.stdout.strip().splitlines()
+    files = {"tasks/builtin/palindrome.py": PALINDROME, "conf/task/palindrome.yaml": PALINDROME_YAML}
+    prompts, rewards, too_short, unknown = run_in_copy(tmp_path, files, CHECK)
     assert prompts == "['evora?', 'kayak?', 'level?', 'radar?']" and rewards == "1.0"
     assert too_short == "task.min_length=1: must be >= 2"
     assert unknown.startswith("task.min_length: unknown key; allowed: name, train_size, ")
