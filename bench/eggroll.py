@@ -61,9 +61,10 @@ def timed(fn, repeats: int) -> float:
 def measure(model: Path, args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
-    from evora.engines import EngineSpec, create_engine
+    from evora.engines import create_engine
     from evora.engines.adapter_store import AdapterScratch
     from evora.engines.environment import vllm_environment
+    from evora.engines.vllm_spec import VLLMSpec
     from evora.lora.base_weights import read_weights
     from evora.lora.layout import build_layout
     from evora.lora.modules import adaptable_modules
@@ -81,7 +82,7 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
         base_model=str(model),
     )
     names = [matrix_name(slot.name) for slot in layout.modules]
-    spec = EngineSpec(
+    spec = VLLMSpec(
         model=str(model),
         dtype=args.dtype,
         device=args.device,

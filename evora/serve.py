@@ -18,8 +18,8 @@ from pathlib import Path
 
 from evora.config.schema import VLLM_LORA_RANKS
 from evora.distributed.model_cards import exported_folders
-from evora.engines.base import EngineSpec
 from evora.engines.environment import vllm_environment
+from evora.engines.vllm_spec import VLLMSpec
 from evora.errors import ConfigError
 from evora.lora.peft_io import read_adapter_config
 from evora.models import locate_model
@@ -62,7 +62,7 @@ def server_command(
         command += ["--max-loras", str(min(len(adapters), run.engine.max_loras))]
         command += ["--lora-modules", *(f"{name}={folder.resolve()}" for name, folder in adapters.items())]
     device = "cuda" if run.hardware.gpus_per_worker > 0 else "cpu"
-    spec = EngineSpec(model=model.path, device=device, kv_cache_gib=run.hardware.kv_cache_gib)
+    spec = VLLMSpec(model=model.path, device=device, kv_cache_gib=run.hardware.kv_cache_gib)
     return command + extra, vllm_environment(spec)
 
 

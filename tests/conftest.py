@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from shared_ray import SharedHead
 
-from evora.engines.base import EngineSpec
 from evora.engines.environment import vllm_environment
+from evora.engines.vllm_spec import VLLMSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "evora" / "models" / "tiny"
@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 # What worker actors get through Ray's runtime_env: engines the tests start in their own process.
-ENGINE_ENVIRONMENT = vllm_environment(EngineSpec(model=str(TINY)))
+ENGINE_ENVIRONMENT = vllm_environment(VLLMSpec(model=str(TINY)))
 
 
 def pytest_configure(config):

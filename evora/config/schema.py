@@ -125,18 +125,18 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """The keys every engine has; an engine with keys of its own extends it (registered with
+    `register_engine(config=...)`, composed as engine/<name>_schema)."""
+
     name: str = "vllm"
     max_loras: int = 8
     max_num_seqs: int = 256
-    enforce_eager: Optional[bool] = None  # None: eager on CPUs, CUDA graphs (and torch.compile) on GPUs
     adapter_dir: str = "/dev/shm"
-    adapters_in_memory: bool = True  # vLLM in-process: candidates reach the engine as tensors, not files
     ignore_eos: bool = False  # generate exactly task.max_tokens tokens (benchmarks)
     units: str = "fixed"  # fixed: max_loras candidates per generate (bitwise across worker counts) | whole
     # A worker with a unit past this is taken for hung: killed, replaced, its units rerun elsewhere.
     # None: 600 s + task.max_tokens / (1 token/s) (evora.distributed.worker_spec.unit_deadline).
     unit_timeout_s: Optional[float] = None
-    vllm_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

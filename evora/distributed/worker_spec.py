@@ -6,7 +6,7 @@ driver's gradient training)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import torch
 
 from evora.config.schema import RunConfig, TaskConfig, vllm_lora_rank
 from evora.distributed.units import largest_call
-from evora.engines import EngineSpec
+from evora.engines import EngineSpec, get_engine
 from evora.lora.layout import AdapterLayout
 from evora.strategies import get_strategy
 from evora.tasks import Splits, Task, build_task
@@ -42,9 +42,15 @@ class WorkerSpec:
     unit_timeout_s: float | None = None  # a unit's deadline (unit_deadline); None: none
 
 
-def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = None) -> EngineSpec:
+def engine_spec(
+    run: RunConfig,
+    model_path: str,
+    max_lora_rank: int | None = None,
+    lora_target_modules: tuple[str, ...] | None = None,
+) -> EngineSpec:
+    """The spec of the run's engine: what every engine gets, then its registration's own (`spec`)."""
     hw, engine, task = run.hardware, run.engine, run.task
-    return EngineSpec(
+    base = EngineSpec(
         model=model_path,
         tokenizer=run.model.tokenizer,
         revision=run.model.revision,
@@ -54,19 +60,15 @@ def engine_spec(run: RunConfig, model_path: str, max_lora_rank: int | None = Non
         max_loras=engine.max_loras,
         max_cpu_loras=host_lora_slots(run),
         max_num_seqs=engine.max_num_seqs,
-        enforce_eager=hw.gpus_per_worker == 0 if engine.enforce_eager is None else engine.enforce_eager,
         max_batch=largest_call(engine.max_loras, task.prompts_per_generation, task.samples, task.eval_samples),
-        tensor_parallel_size=hw.tensor_parallel_size,
-        gpu_memory_utilization=hw.gpu_memory_utilization,
-        kv_cache_gib=hw.kv_cache_gib,
         cpu_threads=hw.cpu_threads_per_worker,
         seed=run.seed,
         trust_remote_code=run.model.trust_remote_code,
         device="cuda" if hw.gpus_per_worker > 0 else "cpu",
         ignore_eos=engine.ignore_eos,
-        adapters_in_memory=engine.adapters_in_memory,
-        vllm_args=dict(engine.vllm_args),
+        lora_target_modules=lora_target_modules,
     )
+    return get_engine(engine.name).spec_for(base, engine, hw)
 
 
 def host_lora_slots(run: RunConfig) -> int:
@@ -115,7 +117,7 @@ def worker_spec(
     master_device: str = "cpu",
 ) -> WorkerSpec:
     # The engine wraps the modules the layout targets (PBT: the union over its search space).
-    engine = replace(engine_spec(run, model_path, max_lora_rank), lora_target_modules=vllm_target_modules(layout))
+    engine = engine_spec(run, model_path, max_lora_rank, vllm_target_modules(layout))
     return WorkerSpec(
         run.engine.name,
         engine,

@@ -50,6 +50,9 @@ class Sampling:
 
 @dataclass(frozen=True)
 class EngineSpec:
+    """What every engine is built from; an engine that needs more extends it, and its
+    registration's `spec` builds its own from this one (`registry.EngineEntry.spec_for`)."""
+
     model: str  # local directory or hub id
     tokenizer: str | None = None
     revision: str | None = None
@@ -57,23 +60,16 @@ class EngineSpec:
     max_model_len: int = 512
     max_lora_rank: int = 8
     max_loras: int = 8
-    max_cpu_loras: int = 16
+    max_cpu_loras: int = 16  # adapters kept loaded on the host: a work unit's candidates
     max_num_seqs: int = 256
-    enforce_eager: bool = True
-    max_batch: int = 256  # the most requests one call makes (a work unit's): CUDA graphs are captured up to it
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.05
-    kv_cache_gib: int = 1
+    max_batch: int = 256  # the most requests one call makes (a work unit's)
     cpu_threads: int = 1
     seed: int = 0
     trust_remote_code: bool = False
     device: str = "cpu"  # cpu | cuda
     ignore_eos: bool = False  # always generate max_tokens tokens
-    adapters_in_memory: bool = True  # vLLM: candidates as tensors, not files, where the engine can
-    # vLLM wraps only these modules for LoRA (its lora_target_modules); None: every module it can,
-    # embedding and lm_head included, whose LoRA products then run every step for nothing.
+    # The modules LoRA adapts (an engine that wraps modules up front wraps only these); None: any.
     lora_target_modules: tuple[str, ...] | None = None
-    vllm_args: dict[str, Any] = field(default_factory=dict)
 
 
 def per_request(max_tokens: int | Sequence[int], count: int) -> list[int]:

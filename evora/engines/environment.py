@@ -7,11 +7,12 @@ import os
 from typing import Mapping
 
 from evora.engines.base import EngineSpec
+from evora.engines.vllm_spec import VLLMSpec
 
 ONEDNN_CACHE_CAPACITY = "128"
 
 
-def vllm_environment(spec: EngineSpec, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def vllm_environment(spec: VLLMSpec, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment the process of an evora engine gives vLLM (what vLLM reads from the
     environment only, or reads there first). Worker actors get it through Ray's `runtime_env`;
     a process that starts engines itself (the bench, the tests) sets it before the first.

@@ -11,9 +11,11 @@ must not import its engine's heavy dependencies) and its `conf/engine/<name>.yam
         lm_eval_backend="hf",
     )
 
-Everything else asks the entry: which models it runs LoRA on (`support`), what its process's
-environment needs, which package must be installed, whether it shards a model over GPUs, how
-its GPU memory is budgeted, and lm-eval's backend for its exports.
+Everything else asks the entry: which models it runs LoRA on (`support`) and which strategy
+kinds (`kinds`), its own config keys (`config`, composed as engine/<name>_schema) and the spec
+it is built from (`spec`), what its process's environment needs, which package must be
+installed, whether it shards a model over GPUs, how its GPU memory is budgeted, and lm-eval's
+backend for its exports.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from evora.config.schema import EngineConfig, HardwareConfig
 from evora.engines.base import Engine, EngineSpec
 from evora.errors import ConfigError
 from evora.lora.modules import ModelModules
+from evora.strategies.kinds import KINDS
 
 GIB = 1 << 30
 
@@ -91,6 +95,10 @@ def no_environment(spec: EngineSpec) -> dict[str, str]:
     return {}
 
 
+def common_spec(base: EngineSpec, engine: EngineConfig, hardware: HardwareConfig) -> EngineSpec:
+    return base
+
+
 @dataclass(frozen=True)
 class EngineEntry:
     name: str
@@ -99,13 +107,25 @@ class EngineEntry:
     memory: MemoryModel
     lm_eval_backend: str  # lm-eval's model type that evaluates its exports (`evora eval benchmarks=`)
     support: Callable[[ModelModules, str], Support] | None = None  # (model, device) -> whether it runs LoRA on it
-    environment: Callable[[EngineSpec], dict[str, str]] = no_environment  # its process's environment
     package: str | None = None  # what must be importable to run it
     install: str = ""  # how to install that package
     tensor_parallel: bool = False  # shards a model over several GPUs (hardware.tensor_parallel_size > 1)
+    config: type[EngineConfig] = EngineConfig  # its keys: EngineConfig's and its own
+    # (what every engine gets, its engine config, the hardware) -> the spec its class is built from
+    spec: Callable[[EngineSpec, Any, HardwareConfig], EngineSpec] = common_spec
+    environment: Callable[[Any], dict[str, str]] = no_environment  # (its spec) -> its process's environment
+    kinds: frozenset[str] | None = None  # the strategy kinds it runs (strategies.kinds); None: every kind
 
     def supports(self, model: ModelModules, device: str) -> Support:
         return self.support(model, device) if self.support is not None else Support(self.name, True)
+
+    def spec_for(self, base: EngineSpec, engine: EngineConfig, hardware: HardwareConfig) -> EngineSpec:
+        if not isinstance(engine, self.config):
+            raise ConfigError(
+                f"engine.name={engine.name}: its config is a {type(engine).__name__}, the engine needs a "
+                f"{self.config.__name__}; choose it with engine={self.name}"
+            )
+        return self.spec(base, engine, hardware)
 
     def create(self, spec: EngineSpec) -> Engine:
         module, _, cls = self.engine.partition(":")
@@ -118,6 +138,11 @@ _REGISTRY: dict[str, EngineEntry] = {}
 
 def register_engine(name: str, **fields: Any) -> EngineEntry:
     entry = EngineEntry(name, **fields)
+    if not (isinstance(entry.config, type) and issubclass(entry.config, EngineConfig)):
+        raise TypeError(f"engine {name}: config must be a dataclass extending evora.config.schema.EngineConfig")
+    unknown = sorted(set(entry.kinds or ()) - {kind.name for kind in KINDS})
+    if unknown:
+        raise TypeError(f"engine {name}: kinds {', '.join(unknown)} are none of {', '.join(k.name for k in KINDS)}")
     _REGISTRY[name] = entry
     return entry
 

@@ -31,9 +31,10 @@ import torch
 from safetensors.torch import save_file
 
 from evora.engines import vllm_patches
-from evora.engines.base import AdapterRef, Completion, EngineSpec, Sampling, per_request
+from evora.engines.base import AdapterRef, Completion, Sampling, per_request
 from evora.engines.environment import vllm_environment
 from evora.engines.sampling import vllm_sampling_params
+from evora.engines.vllm_spec import VLLMSpec
 from evora.engines.vllm_weights import EXTENSION, check_vllm, whole_matrices
 from evora.lora.noise import DenseNoise, perturbed_on
 
@@ -94,7 +95,7 @@ def lora_request(adapter: AdapterRef) -> Any:
     return vllm_patches.memory_request(adapter.name, adapter.lora_id, adapter.tensors, adapter.config)
 
 
-def llm_args(spec: EngineSpec) -> dict[str, Any]:
+def llm_args(spec: VLLMSpec) -> dict[str, Any]:
     """vLLM's `LLM` keyword arguments for an engine spec (its own vllm_args last, so a user's win)."""
     args: dict[str, Any] = dict(
         model=spec.model,
@@ -132,7 +133,7 @@ def llm_args(spec: EngineSpec) -> dict[str, Any]:
 
 
 class VLLMEngine:
-    def __init__(self, spec: EngineSpec):
+    def __init__(self, spec: VLLMSpec):
         self.ignore_eos = spec.ignore_eos
         self.grouped_cpu_lora = False
         self.device = spec.device

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from evora.config import schema
+from evora.engines import get_engine
 from evora.errors import ConfigError
 from evora.plan.store import register, register_option, writable_schema
 from evora.plan.validate import validate
@@ -154,15 +155,20 @@ def to_run_config(cfg: DictConfig) -> schema.RunConfig:
 
 
 def run_config_from_dict(data: dict[str, Any]) -> schema.RunConfig:
-    """A RunConfig from a saved config.yaml (resume), its strategy and task typed by name."""
+    """A RunConfig from a saved config.yaml (resume), its strategy, task and engine typed by name."""
     base = writable_schema(schema.RunConfig)
     base.strategy = writable_schema(get_strategy(data["strategy"]["name"]).config)
-    task_config = get_task(data["task"]["name"]).config
-    base.task = writable_schema(task_config)
-    # A saved config was valid when written, so a task key its config lacks comes from before tasks
-    # were typed, when every task carried every task's keys: it was unused, and is dropped.
-    known = {f.name for f in dataclasses.fields(task_config)}
-    saved = {**data, "task": {k: v for k, v in data["task"].items() if k in known}}
+    typed: dict[str, type[schema.TaskConfig] | type[schema.EngineConfig]] = {
+        "task": get_task(data["task"]["name"]).config,
+        "engine": get_engine(data["engine"]["name"]).config,
+    }
+    saved = dict(data)
+    for section, config in typed.items():
+        base[section] = writable_schema(config)
+        # A saved config was valid when written, so a key its section's config lacks comes from
+        # before tasks and engines were typed, when each carried every one's keys: it was unused.
+        known = {f.name for f in dataclasses.fields(config)}
+        saved[section] = {k: v for k, v in data[section].items() if k in known}
     return OmegaConf.to_object(OmegaConf.merge(base, saved))  # type: ignore[return-value]  # as above
 
 

@@ -10,10 +10,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from evora.config import schema
+from evora.engines import engine_names, get_engine
 from evora.strategies import entries
 from evora.tasks import registry as tasks
 
-# (group, stored name) -> schema dataclass; each strategy's and each task's come from their registries.
+# (group, stored name) -> schema dataclass; each strategy's, task's and engine's come from their registries.
 SCHEMAS: dict[tuple[str, str], type] = {
     ("model", "schema"): schema.ModelConfig,
     ("task", "schema"): schema.TaskConfig,
@@ -48,6 +49,8 @@ def register() -> None:
         store.store(group="strategy", name=f"{entry.name}_schema", node=writable_schema(entry.config))
     for task in tasks.entries():
         store.store(group="task", name=f"{task.name}_schema", node=writable_schema(task.config))
+    for name in engine_names():
+        store.store(group="engine", name=f"{name}_schema", node=writable_schema(get_engine(name).config))
 
 
 def register_option(group: str, option: str, config: type, name: str) -> None:

@@ -233,6 +233,21 @@ def _check_strategy(run: RunConfig) -> None:
 def _check_engine(run: RunConfig) -> None:
     engine = run.engine
     choice("engine.name", engine.name, engine_names())
+    entry, kind = get_engine(engine.name), get_strategy(run.strategy.name).kind
+    require(
+        isinstance(engine, entry.config),
+        "engine",
+        engine.name,
+        f"its config is a {type(engine).__name__}, the engine needs a {entry.config.__name__}",
+    )
+    if entry.kinds is not None:
+        require(
+            kind.name in entry.kinds,
+            "engine.name",
+            engine.name,
+            f"runs strategies of kind {', '.join(sorted(entry.kinds))}; "
+            f"strategy={run.strategy.name} is of kind {kind.name}",
+        )
     require(engine.max_loras >= 1, "engine.max_loras", engine.max_loras, "must be >= 1")
     choice("engine.units", engine.units, UNITS)
     require(engine.max_num_seqs >= 1, "engine.max_num_seqs", engine.max_num_seqs, "must be >= 1")

@@ -94,7 +94,8 @@ def test_the_exported_model_gives_the_engines_greedy_completions_in_transformers
     come back from the exported folder, loaded as a plain model by transformers and by vLLM."""
     from evora.config.schema import TaskConfig
     from evora.distributed.worker_spec import load_tokenizer
-    from evora.engines import EngineSpec, create_engine
+    from evora.engines import create_engine
+    from evora.engines.vllm_spec import VLLMSpec
     from evora.tasks import build_task
     from evora.tasks.prompts import PromptRenderer
 
@@ -102,7 +103,7 @@ def test_the_exported_model_gives_the_engines_greedy_completions_in_transformers
     folder = run_dir / read_summary(run_dir)["adapters"].get("best_model", "model")
     report = json.loads((run_dir / "eval" / "best_vs_base.json").read_text())
     rows = sorted((r for key in OUTCOMES for r in report[key]), key=lambda r: r["index"])[:24]
-    spec = EngineSpec(model=str(folder), dtype="float32", max_model_len=256)
+    spec = VLLMSpec(model=str(folder), dtype="float32", max_model_len=256)
     task = build_task(TaskConfig(eval_size=64, selection_size=128), seed=0)  # SMALL, as the run
     renderer = PromptRenderer(load_tokenizer(spec), "auto", task.plain_template)
     heldout = task.splits().heldout

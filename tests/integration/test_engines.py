@@ -6,8 +6,9 @@ import os
 import pytest
 import torch
 
-from evora.engines import AdapterRef, EngineSpec, create_engine
+from evora.engines import AdapterRef, create_engine
 from evora.engines.adapter_store import AdapterScratch, sweep_run_scratch
+from evora.engines.vllm_spec import VLLMSpec
 from evora.lora.init import random_adapter
 from evora.lora.layout import build_layout
 from evora.tasks import build_task, task_config
@@ -39,7 +40,7 @@ def prompts(tokenizer):
 
 @pytest.fixture(scope="module")
 def spec(tiny_path, layout):
-    return EngineSpec(
+    return VLLMSpec(
         model=tiny_path,
         dtype="float32",
         max_lora_rank=8,

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from conftest import family_path
-from evora.engines import EngineSpec, create_engine
+from evora.engines import create_engine
 from evora.engines.adapter_store import AdapterScratch
+from evora.engines.vllm_spec import VLLMSpec
 from evora.lora.base_weights import read_weights
 from evora.lora.layout import AdapterLayout, build_layout
 from evora.lora.modules import adaptable_modules
@@ -96,7 +97,7 @@ def test_the_engines_agree_on_a_family_under_lora_and_full_weight_updates(family
     layout = auto_layout(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     prompts = [tokenizer(text).input_ids for text in PROMPT_TEXTS]
-    spec = EngineSpec(
+    spec = VLLMSpec(
         model=path, dtype="float32", max_lora_rank=8, max_loras=2, lora_target_modules=layout.target_modules
     )
     scratch = AdapterScratch(str(tmp_path), family)  # its folders last as long as it does

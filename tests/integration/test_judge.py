@@ -21,8 +21,8 @@ import pytest
 from openai import OpenAI
 
 from conftest import SMALL, TINY, free_port, only_run_dir, run_evora, started
-from evora.engines.base import EngineSpec
 from evora.engines.environment import vllm_environment
+from evora.engines.vllm_spec import VLLMSpec
 from evora.plan.overlay import saved_run_config
 from evora.tasks.base import Example
 from evora.tasks.judge import judge_request
@@ -98,7 +98,7 @@ def judge_port():
     command += ["--served-model-name", "judge", "--dtype", "float32", "--max-model-len", "512", "--seed", "0"]
     command += ["--chat-template", str(folder / "chat_template.jinja"), "--host", "127.0.0.1", "--port", str(port)]
     # The engines' environment: 1 GiB of KV cache on the CPU (vLLM's default takes most of the memory).
-    env = {**os.environ, **vllm_environment(EngineSpec(model=str(TINY)))}
+    env = {**os.environ, **vllm_environment(VLLMSpec(model=str(TINY)))}
     server = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         log: list[str] = []

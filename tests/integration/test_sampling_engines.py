@@ -9,8 +9,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from evora.engines import EngineSpec, Sampling, create_engine
+from evora.engines import Sampling, create_engine
 from evora.engines.adapter_store import AdapterScratch
+from evora.engines.vllm_spec import VLLMSpec
 from evora.lora.init import random_adapter
 from evora.lora.layout import build_layout
 from evora.tasks.builtin.addition import heldout_pairs, prompt_of
@@ -44,7 +45,7 @@ def layout(tiny_shapes, tiny_path):
 
 @pytest.fixture(scope="module")
 def spec(tiny_path, layout):
-    return EngineSpec(
+    return VLLMSpec(
         model=tiny_path, dtype="float32", max_loras=4, max_cpu_loras=16, lora_target_modules=layout.target_modules
     )
 

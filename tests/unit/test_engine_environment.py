@@ -11,12 +11,13 @@ import pytest
 
 from evora.engines.base import EngineSpec
 from evora.engines.environment import engine_environment, vllm_environment
+from evora.engines.vllm_spec import VLLMSpec
 
 EVORA = Path(__file__).resolve().parents[2] / "evora"
 
 
 def test_a_vllm_engine_on_cpu_runs_in_its_process_unbound_with_the_runs_kv_cache_and_a_bounded_onednn_cache():
-    spec = EngineSpec(model="m", kv_cache_gib=3)
+    spec = VLLMSpec(model="m", kv_cache_gib=3)
     assert vllm_environment(spec, environ={}) == {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_LOGGING_LEVEL": "WARNING",
@@ -41,7 +42,7 @@ def test_a_vllm_engine_on_cpu_runs_in_its_process_unbound_with_the_runs_kv_cache
 
 
 def test_only_cpu_engines_get_cpu_settings_and_the_transformers_engine_needs_none():
-    gpu = EngineSpec(model="m", device="cuda")
+    gpu = VLLMSpec(model="m", device="cuda")
     assert set(engine_environment("vllm", gpu)) == {
         "VLLM_ENABLE_V1_MULTIPROCESSING",
         "VLLM_LOGGING_LEVEL",
@@ -63,7 +64,7 @@ def test_vllm_picks_its_v1_model_runner_on_a_gpu_with_triton_in_evoras_environme
     choose = config.VllmConfig.use_v2_model_runner.fget
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
     assert choose(plain) is True
-    for name, value in engine_environment("vllm", EngineSpec(model="m", device="cuda")).items():
+    for name, value in engine_environment("vllm", VLLMSpec(model="m", device="cuda")).items():
         monkeypatch.setenv(name, value)
     assert choose(plain) is False
 

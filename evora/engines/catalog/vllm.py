@@ -5,6 +5,7 @@ process through Ray's runtime_env; vLLM itself is imported only when a worker cr
 from evora.engines.environment import vllm_environment
 from evora.engines.registry import POOLED, register_engine
 from evora.engines.support import vllm_support
+from evora.engines.vllm_spec import VLLMEngineConfig, vllm_spec
 
 register_engine(
     "vllm",
@@ -17,4 +18,6 @@ register_engine(
     package="vllm",
     install='pip install "evora[gpu]" (or "evora[cpu]" without a GPU)',
     tensor_parallel=True,
+    config=VLLMEngineConfig,
+    spec=vllm_spec,
 )
