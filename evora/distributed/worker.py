@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -372,12 +372,14 @@ class EngineWorker:
         return self.strategy
 
     def _master_at(self, snapshot: Tensors | None, generation: int) -> MasterWeights:
-        transposed = transposed_matrices(self.layout)
-        if snapshot is not None:
+        transposed, strategy = transposed_matrices(self.layout), self._full_weight()
+        if snapshot is not None and not strategy.anchored:
             return MasterWeights.from_snapshot(snapshot, generation, transposed).to(self.master_device)
         names = [matrix_name(slot.name) for slot in self.layout.modules]
-        weights = read_weights(self.model, names, self.revision)
-        return self._full_weight().start_master(weights, transposed).to(self.master_device)
+        started = strategy.start_master(read_weights(self.model, names, self.revision), transposed)
+        if snapshot is not None:  # decay's anchor: the model's own weights, never a snapshot's
+            started = replace(MasterWeights.from_snapshot(snapshot, generation, transposed), anchor=started.anchor)
+        return started.to(self.master_device)
 
     def master_weights(self) -> Tensors:
         """The master copies (and optimizer moments), for a snapshot or the export."""

@@ -59,6 +59,12 @@ def gaussian_into(key: int, out: torch.Tensor) -> None:
     torch.randn(out.shape, generator=generator(key, out.device), out=out)
 
 
+def noise_generation(generation: int, reuse: int) -> int:
+    """The generation whose draws `generation` perturbs with under noise reuse (EGGROLL's: the
+    same perturbations for `reuse` generations in a row, the first of each run drawing them)."""
+    return generation - generation % reuse
+
+
 def member_noise(run_seed: int, generation: int, member: int, tensor_name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return gaussian(noise_key(run_seed, "noise", generation, member, tensor_name), shape)
 

@@ -48,6 +48,9 @@ class MasterWeights:
     adam_m: Tensors | None = None
     adam_v: Tensors | None = None
     transposed: frozenset[str] = frozenset()  # names stored [in, out] as the checkpoint has them (GPT-2's Conv1D)
+    # weight_decay_anchor=start: the model's own weights (fp32), which decay pulls towards; never
+    # snapshotted (a resumed worker reads them from the model again) and constant, so unchecked.
+    anchor: Tensors | None = None
 
     @property
     def device(self) -> torch.device:
@@ -79,7 +82,15 @@ class MasterWeights:
 
         tensors = moved(self.tensors)
         assert tensors is not None
-        return MasterWeights(tensors, self.generation, moved(self.adam_m), moved(self.adam_v), self.transposed)
+        return MasterWeights(
+            tensors, self.generation, moved(self.adam_m), moved(self.adam_v), self.transposed, moved(self.anchor)
+        )
+
+    def decay(self, name: str, rate: float) -> torch.Tensor:
+        """Decoupled weight decay's step of a matrix: rate * W towards zero, or rate * (W - W_0)
+        towards the model's own weights when the copies carry them (weight_decay_anchor=start)."""
+        weight = self.tensors[name]
+        return rate * (weight if self.anchor is None else weight - self.anchor[name])
 
     def finite(self) -> bool:
         return all(bool(torch.isfinite(t).all()) for t in self.tensors.values())
@@ -168,6 +179,10 @@ class FullWeightStrategy(Strategy, Protocol):
 
     def start_master(self, tensors: Tensors, transposed: frozenset[str] = frozenset()) -> MasterWeights: ...
 
+    @property
+    def anchored(self) -> bool:
+        """Whether its decay pulls towards the model's own weights (MasterWeights.anchor)."""
+
     def master_bytes(self, layout: AdapterLayout) -> int: ...
 
 
@@ -202,6 +217,26 @@ def with_fitness(state: H, specs: list[CandidateSpec], results: GenerationResult
         raise ValueError(f"tell of generation {generation} after {len(state.fitness)} generations")
     shaped = shaping_input(results, shaping)
     return replace(state, fitness=[*state.fitness, [float(f) for f in shaped]])  # type: ignore[type-var]  # H is a dataclass
+
+
+ANCHORS = ("zero", "start")
+
+
+def decays_to_start(weight_decay: float, anchor: str) -> bool:
+    return weight_decay > 0 and anchor == "start"
+
+
+def start_copies(tensors: Tensors, transposed: frozenset[str], anchored: bool) -> MasterWeights:
+    """fp32 master copies of the checkpoint's matrices, as stored; `anchored`: with a second fp32
+    copy that decay pulls towards."""
+    copies = {k: v.detach().to(torch.float32).clone() for k, v in tensors.items()}
+    anchor = {k: v.clone() for k, v in copies.items()} if anchored else None
+    return MasterWeights(copies, transposed=transposed, anchor=anchor)
+
+
+def check_decay(weight_decay: float, anchor: str) -> None:
+    require(weight_decay >= 0, "strategy.weight_decay", weight_decay, "must be >= 0")
+    require(anchor in ANCHORS, "strategy.weight_decay_anchor", anchor, "allowed: " + ", ".join(ANCHORS))
 
 
 def check_full_weight(snapshot_every: int, delta_rank: int) -> None:

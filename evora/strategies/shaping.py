@@ -8,6 +8,7 @@ means again, so `lr` keeps the scale it has under `zscore`."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,6 +50,24 @@ def average_ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def nes_utilities(fitness: np.ndarray) -> np.ndarray:
+    """NES's rank utilities (Wierstra et al. 2014; SNES, Schaul et al. 2011): the k-th best of
+    N gets max(0, log(N/2 + 1) - log k), normalised to sum 1, less 1/N. Ties share the mean of
+    the utilities their ranks span (as `centered_ranks` shares ranks), so the sum is unchanged."""
+    f = np.asarray(fitness, dtype=np.float64)
+    n = len(f)
+    if n == 0:
+        return f
+    worst_first = np.maximum(0.0, math.log(n / 2 + 1) - np.log(n - np.arange(n)))
+    by_rank = worst_first / worst_first.sum() - 1 / n
+    order = np.argsort(f, kind="stable")
+    _, first, counts = np.unique(f[order], return_index=True, return_counts=True)
+    shared = np.add.reduceat(by_rank, first) / counts
+    utilities = np.empty(n)
+    utilities[order] = np.repeat(shared, counts)
+    return utilities
+
+
 def per_prompt(cells: np.ndarray, evaluated: np.ndarray | None = None) -> np.ndarray:
     """[candidate, prompt] fitness -> per candidate: the mean over its evaluated prompts of the
     prompt's fitness z-scored across the candidates evaluated on it (0 where they all tie)."""
@@ -65,6 +84,7 @@ def per_prompt(cells: np.ndarray, evaluated: np.ndarray | None = None) -> np.nda
 SHAPERS = {
     "zscore": zscore,
     "centered_rank": centered_ranks,
+    "nes": nes_utilities,
     "none": lambda f: np.asarray(f, dtype=np.float64),
     PER_PROMPT: zscore,  # of the per-prompt means (`shaping_input`)
 }

@@ -138,7 +138,7 @@ def test_configs_are_frozen():
         ("strategy.population=abc", "strategy.population: Value 'abc' of type 'str' could not be converted"),
         ("strategy.bogus=1", "strategy.bogus: unknown key; allowed: name, population, sigma"),
         ("lora.layers=[7]", "lora.layers=[7]: layer 7 out of range; allowed: 0..1"),
-        ("strategy.shaping=rank", 'strategy.shaping="rank": allowed: zscore, centered_rank, none'),
+        ("strategy.shaping=rank", 'strategy.shaping="rank": allowed: zscore, centered_rank, nes, none'),
         ("task.prompts_per_generation=99999", "task.prompts_per_generation=99999: must be in 1..task.train_size"),
         ("hardware.gpu_memory_utilization=1.5", "hardware.gpu_memory_utilization=1.5: must be in (0, 1]"),
         ("hardware=gpu hardware.gpus_per_worker=2", "hardware.gpus_per_worker=2: allowed: 0 (CPU engines), 1 (GPU"),

@@ -7,6 +7,7 @@ model folder loads in transformers."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -204,3 +205,47 @@ def test_bad_settings_are_one_line(overrides, message):
     with pytest.raises(ConfigError) as error:
         check_eggroll(EggrollConfig(**overrides))
     assert str(error.value).startswith(message)
+
+
+def test_noise_reuse_perturbs_and_updates_with_the_drawing_generations_factors():
+    """noise_reuse=3: generations 3, 4 and 5 share generation 3's factors, in the candidates
+    and in the update; generation 6 draws its own."""
+    reused, state = strategy(noise_reuse=3)
+    fresh, _ = strategy()
+    for generation in (3, 4, 5):
+        assert reused.factor_keys(generation, 1, SLOTS[0].name) == fresh.factor_keys(3, 1, SLOTS[0].name)
+    assert reused.factor_keys(6, 1, SLOTS[0].name) != fresh.factor_keys(3, 1, SLOTS[0].name)
+    fitness = [0.3, -1.0, 2.0, 0.5, 0.0, 1.5]
+    for generation in range(5):  # fitness histories of five generations; the update of the fifth
+        state = told(reused, state, generation, fitness)
+    update = reused.update_of(state, 4)
+    for slot in SLOTS:
+        ours = reused.gradient(update, slot.name, slot.out_features, slot.in_features)
+        theirs = fresh.gradient(replace(update, generation=3), slot.name, slot.out_features, slot.in_features)
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("anchor", ["zero", "start"])
+def test_weight_decay_pulls_towards_its_anchor(anchor):
+    """W <- W + lr g - lr wd (W - A): A = 0, or the model's own weights (weight_decay_anchor=start),
+    which the copies carry beside them (memory counted), never in a snapshot."""
+    eggroll, state = strategy(shaping="none", weight_decay=0.5, weight_decay_anchor=anchor)
+    fitness = [0.3, -1.0, 2.0, 0.5, 0.0, 1.5]
+    start = base_weights()
+    master = eggroll.start_master(start)
+    assert (master.anchor is not None) == (anchor == "start") == eggroll.anchored
+    assert eggroll.master_bytes(layout(2, 6.0)) == 4 * sum(s.out_features * s.in_features for s in SLOTS) * (
+        1 + (anchor == "start")
+    )
+    for generation in range(2):
+        state = told(eggroll, state, generation, fitness)
+        before = {k: v.double() for k, v in master.tensors.items()}
+        update = eggroll.update_of(state, generation)
+        eggroll.apply(master, update)
+        for slot in SLOTS:
+            name = matrix_name(slot.name)
+            pull = before[name] - (start[name].double() if anchor == "start" else 0.0)
+            grad = eggroll.gradient(update, slot.name, slot.out_features, slot.in_features).double()
+            expected = before[name] + 0.01 * grad - 0.01 * 0.5 * pull
+            assert torch.allclose(master.tensors[name].double(), expected, atol=1e-6)
+    assert not any(k.startswith("anchor") for k in master.snapshot()) and master.to("cpu").anchor is master.anchor

@@ -169,3 +169,28 @@ def test_the_update_summed_in_groups_anywhere_is_bitwise_tell():
         ref = sum(w[s.index] * s.sign * member_noise(5, 0, s.member, k, tuple(value.shape)).double() for s in specs)
         step = told.state.theta[k].double() - value.double()
         torch.testing.assert_close(step, 0.05 * ref / (18 * 0.1), rtol=0, atol=1e-6)
+
+
+def test_noise_reuse_draws_a_generations_noise_for_the_next_ones():
+    """noise_reuse=3: generations 3, 4 and 5 evaluate and update with generation 3's noise
+    (the same candidates and the same step as a fresh-noise run's generation 3); 6 draws anew."""
+    fitness = np.random.default_rng(3).normal(size=8)
+    reused = EvolutionStrategy(ESConfig(population=8, sigma=0.1, lr=0.01, noise_reuse=3), run_seed=0)
+    fresh = EvolutionStrategy(ESConfig(population=8, sigma=0.1, lr=0.01), run_seed=0)
+    state = fresh.start(theta0())
+    expected_specs, expected_payload = fresh.ask(state, 3)
+    expected = fresh.tell(state, expected_specs, fitness_results(3, fitness)).state.theta
+    for generation in (3, 4, 5):
+        specs, payload = reused.ask(state, generation)
+        for spec, twin in zip(specs, expected_specs):
+            candidate, reference = reused.materialise(payload, spec), fresh.materialise(expected_payload, twin)
+            assert all(torch.equal(candidate[k], reference[k]) for k in reference)
+        stepped = reused.tell(state, specs, fitness_results(generation, fitness)).state.theta
+        assert all(torch.equal(stepped[k], expected[k]) for k in expected)
+    specs, payload = reused.ask(state, 6)
+    assert not torch.equal(
+        *(
+            m[next(iter(m))]
+            for m in (reused.materialise(payload, specs[0]), fresh.materialise(expected_payload, expected_specs[0]))
+        )
+    )

@@ -176,7 +176,7 @@ def test_ties_move_nothing():
         ({"sigma": 0.0}, "strategy.sigma=0.0: must be > 0"),
         ({"lr": -1.0}, "strategy.lr=-1.0: must be > 0"),
         ({"weight_decay": -0.1}, "strategy.weight_decay=-0.1: must be >= 0"),
-        ({"shaping": "rank"}, 'strategy.shaping="rank": allowed: zscore, centered_rank, none, per_prompt'),
+        ({"shaping": "rank"}, 'strategy.shaping="rank": allowed: zscore, centered_rank, nes, none, per_prompt'),
         ({"snapshot_every": 0}, "strategy.snapshot_every=0: must be an integer >= 1"),
         ({"delta_rank": 0}, "strategy.delta_rank=0: must be an integer >= 1"),
     ],

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evora.config.checks import choice, require
-from evora.strategies.full_weights import check_full_weight
+from evora.strategies.full_weights import check_decay, check_full_weight
 from evora.strategies.shaping import SHAPINGS
 
 
@@ -23,6 +23,8 @@ class EggrollConfig:
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
+    weight_decay_anchor: str = "zero"  # zero: decay towards 0 | start: towards the model\'s own weights
+    noise_reuse: int = 1  # each generation's factors serve this many generations (EGGROLL's noise reuse); 1: fresh
     snapshot_every: int = 10  # generations between fp32 snapshots of the selected matrices
     delta_rank: int = 16  # rank of adapters/delta, the accumulated update as a PEFT LoRA (truncated SVD)
 
@@ -38,7 +40,8 @@ def check_eggroll(cfg: EggrollConfig, run: Any = None) -> None:
     require(1 <= cfg.rank <= 512, "strategy.rank", cfg.rank, "must be an integer in 1..512 (vLLM's largest LoRA rank)")
     require(cfg.sigma > 0, "strategy.sigma", cfg.sigma, "must be > 0")
     require(cfg.lr > 0, "strategy.lr", cfg.lr, "must be > 0")
-    require(cfg.weight_decay >= 0, "strategy.weight_decay", cfg.weight_decay, "must be >= 0")
+    check_decay(cfg.weight_decay, cfg.weight_decay_anchor)
+    require(cfg.noise_reuse >= 1, "strategy.noise_reuse", cfg.noise_reuse, "must be an integer >= 1")
     choice("strategy.shaping", cfg.shaping, SHAPINGS)
     choice("strategy.optimizer", cfg.optimizer, ("sgd", "adam"))
     require(0 <= cfg.beta1 < 1, "strategy.beta1", cfg.beta1, "must be in [0, 1)")

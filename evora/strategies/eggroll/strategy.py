@@ -9,7 +9,9 @@ drawn from (run seed, generation, member, module); candidate i is W + sign_i sig
 rank-r LoRA on the engine's current weights, so a whole population is one multi-LoRA batch.
 The update is full rank:
 
-    W <- W + lr / (N sigma) sum_i w_i sign_i E_m(i) - lr * weight_decay * W     (SGD; Adam optional)
+    W <- W + lr / (N sigma) sum_i w_i sign_i E_m(i) - lr * weight_decay * (W - A)     (SGD; Adam optional)
+
+(A = 0, or the model's own weights under weight_decay_anchor=start)
 
 with w the shaped fitness. The driver keeps only the fitness of each generation; every
 worker applies the same update to its own fp32 master copies (`MasterWeights`) from the run
@@ -28,9 +30,9 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout, ModuleSlot
-from evora.lora.noise import gaussian, gaussian_into, in_parallel, noise_key
+from evora.lora.noise import gaussian, gaussian_into, in_parallel, noise_generation, noise_key
 from evora.strategies.eggroll.config import EggrollConfig
-from evora.strategies.full_weights import MasterWeights, with_fitness
+from evora.strategies.full_weights import MasterWeights, decays_to_start, start_copies, with_fitness
 from evora.strategies.noise_sums import member_coefficients
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
 from evora.strategies.shaping import shape
@@ -82,6 +84,10 @@ class EggrollStrategy:
     def delta_rank(self) -> int:
         return self.cfg.delta_rank
 
+    @property
+    def anchored(self) -> bool:
+        return decays_to_start(self.cfg.weight_decay, self.cfg.weight_decay_anchor)
+
     # --- noise ------------------------------------------------------------------------
 
     def factors(
@@ -92,8 +98,9 @@ class EggrollStrategy:
         return gaussian(b_key, (out_features, self.cfg.rank)), gaussian(a_key, (self.cfg.rank, in_features))
 
     def factor_keys(self, generation: int, member: int, module: str) -> tuple[int, int]:
-        """The generator seeds of member's B and A for a module."""
-        key = (self.run_seed, "eggroll", generation, member, module)
+        """The generator seeds of member's B and A for a module (under noise reuse, those of the
+        generation that drew them)."""
+        key = (self.run_seed, "eggroll", noise_generation(generation, self.cfg.noise_reuse), member, module)
         return noise_key(*key, "B"), noise_key(*key, "A")
 
     # --- ask / tell -------------------------------------------------------------------
@@ -143,14 +150,14 @@ class EggrollStrategy:
         return WeightUpdate(generation, generation + 1, coefficients, len(fitness))
 
     def master_bytes(self, layout: AdapterLayout) -> int:
-        """Host memory of one worker's master copies (and Adam's two moments): 4 bytes a weight each."""
+        """Host memory of one worker's master copies (and Adam's two moments, and the decay's
+        anchor under weight_decay_anchor=start): 4 bytes a weight each."""
         weights = sum(slot.out_features * slot.in_features for slot in layout.modules)
-        return 4 * weights * (3 if self.cfg.optimizer == "adam" else 1)
+        return 4 * weights * ((3 if self.cfg.optimizer == "adam" else 1) + self.anchored)
 
     def start_master(self, tensors: Tensors, transposed: frozenset[str] = frozenset()) -> MasterWeights:
         """fp32 copies as the checkpoint stores them; `transposed`: those stored [in, out]."""
-        copies = {k: v.detach().to(torch.float32).clone() for k, v in tensors.items()}
-        master = MasterWeights(copies, transposed=transposed)
+        master = start_copies(tensors, transposed, self.anchored)
         if self.cfg.optimizer == "adam":
             master.adam_m = {k: torch.zeros_like(v) for k, v in master.tensors.items()}
             master.adam_v = {k: torch.zeros_like(v) for k, v in master.tensors.items()}
@@ -198,7 +205,7 @@ class EggrollStrategy:
             direction = grad if cfg.optimizer == "sgd" else self._adam(master, name, grad, update.step)
             delta = cfg.lr * direction
             if cfg.weight_decay:
-                delta -= (cfg.lr * cfg.weight_decay) * weight
+                delta -= master.decay(name, cfg.lr * cfg.weight_decay)
             weight += delta
             squares += float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
         master.generation += 1

@@ -23,6 +23,7 @@ class ESConfig:
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
+    noise_reuse: int = 1  # each generation's draws serve this many generations (EGGROLL's noise reuse); 1: fresh
     noise_scale: str = "uniform"  # uniform | per_layer
     init: str = "random"  # random | path
     init_a_std: Optional[float] = None  # None: 1/sqrt(in_features)
@@ -42,6 +43,7 @@ def check_es(es: ESConfig, run: Any = None) -> None:
     require(es.sigma > 0, "strategy.sigma", es.sigma, "must be > 0")
     require(es.lr > 0, "strategy.lr", es.lr, "must be > 0")
     require(es.weight_decay >= 0, "strategy.weight_decay", es.weight_decay, "must be >= 0")
+    require(es.noise_reuse >= 1, "strategy.noise_reuse", es.noise_reuse, "must be an integer >= 1")
     choice("strategy.shaping", es.shaping, SHAPINGS)
     choice("strategy.optimizer", es.optimizer, ("sgd", "adam"))
     require(0 <= es.beta1 < 1, "strategy.beta1", es.beta1, "must be in [0, 1)")

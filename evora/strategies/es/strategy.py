@@ -3,8 +3,9 @@
     theta <- theta + lr * 1/(N sigma) * sum_i w_i eps_i      (SGD; Adam optional)
 
 with w the shaped fitness, eps_i ~ N(0, I) per tensor from `lora.noise`, antithetic pairs
-(eps, -eps) sharing one draw, optional per-tensor sigma multipliers (per-layer scale)
-and decoupled weight decay. Master weights stay fp32.
+(eps, -eps) sharing one draw, optional per-tensor sigma multipliers (per-layer scale),
+decoupled weight decay, and noise reuse (`noise_reuse=k`: generation g draws the noise of
+generation g - g % k, EGGROLL's reuse of one population's perturbations for k updates). Master weights stay fp32.
 
 The sum over members is computed where the noise is (`strategies/noise_sums.py`): the workers
 sum fixed groups of members, and the driver adds the groups and takes the step (`tell_with`);
@@ -21,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from evora.lora.noise import in_parallel, member_noise, noise_key, weighted_sum
+from evora.lora.noise import in_parallel, member_noise, noise_generation, noise_key, weighted_sum
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.es.config import ESConfig
 from evora.strategies.noise_sums import NoiseSums, member_coefficients, member_groups, summed_locally
@@ -65,7 +66,7 @@ class EvolutionStrategy:
         return [CandidateSpec(generation, i, member=i) for i in range(self.cfg.population)]
 
     def noise(self, generation: int, member: int, name: str, shape_: tuple[int, ...]) -> torch.Tensor:
-        return member_noise(self.run_seed, generation, member, name, shape_)
+        return member_noise(self.run_seed, noise_generation(generation, self.cfg.noise_reuse), member, name, shape_)
 
     # --- ask / tell -----------------------------------------------------------------
 
@@ -112,7 +113,8 @@ class EvolutionStrategy:
 
         def summed(item: tuple[str, torch.Tensor]) -> torch.Tensor:
             name, value = item
-            keys = [(noise_key(self.run_seed, "noise", sums.generation, m, name), c) for m, c in live]
+            drawn = noise_generation(sums.generation, self.cfg.noise_reuse)
+            keys = [(noise_key(self.run_seed, "noise", drawn, m, name), c) for m, c in live]
             return weighted_sum(keys, tuple(value.shape))
 
         return dict(zip(payload.theta, in_parallel(summed, list(payload.theta.items()), cost=_values)))

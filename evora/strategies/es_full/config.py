@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evora.config.checks import choice, require
-from evora.strategies.full_weights import check_full_weight
+from evora.strategies.full_weights import check_decay, check_full_weight
 from evora.strategies.shaping import SHAPINGS
 
 
@@ -19,6 +19,7 @@ class EsFullConfig:
     antithetic: bool = False  # members in +/- pairs (population even); the paper draws N independent members
     shaping: str = "zscore"  # zscore (the paper's) | centered_rank | none | per_prompt
     weight_decay: float = 0.0  # decoupled: W -= lr * weight_decay * W after each update
+    weight_decay_anchor: str = "zero"  # zero: decay towards 0 | start: towards the model\'s own weights
     snapshot_every: int = 10  # generations between fp32 snapshots of the selected matrices
     delta_rank: int = 16  # rank of adapters/delta, the accumulated update as a PEFT LoRA (truncated SVD)
 
@@ -34,6 +35,6 @@ def check_es_full(cfg: EsFullConfig, run: Any = None) -> None:
         )
     require(cfg.sigma > 0, "strategy.sigma", cfg.sigma, "must be > 0")
     require(cfg.lr > 0, "strategy.lr", cfg.lr, "must be > 0")
-    require(cfg.weight_decay >= 0, "strategy.weight_decay", cfg.weight_decay, "must be >= 0")
+    check_decay(cfg.weight_decay, cfg.weight_decay_anchor)
     choice("strategy.shaping", cfg.shaping, SHAPINGS)
     check_full_weight(cfg.snapshot_every, cfg.delta_rank)

@@ -10,7 +10,9 @@ and candidate i is W + sign_i sigma eps_m(i) (sign_i = +1; or +/- pairs with ant
 worker evaluates it on the engine's own weights, set to `perturbed(...)`, and restores them
 from the master copies afterwards. With z the shaped fitness, the update is
 
-    W <- W + lr / N sum_i z_i sign_i eps_m(i) - lr * weight_decay * W
+    W <- W + lr / N sum_i z_i sign_i eps_m(i) - lr * weight_decay * (W - A)
+
+(A = 0, or the model's own weights under weight_decay_anchor=start: decay towards the start)
 
 THE PAPER'S UPDATE: it is not divided by sigma (unlike the textbook ES gradient estimate
 1 / (N sigma) sum_i z_i eps_i, and unlike strategy=eggroll), so `lr` is the paper's alpha and
@@ -37,7 +39,7 @@ from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
 from evora.lora.noise import DenseNoise, gaussian, in_parallel, noise_key, perturbed_on, weighted_sum
 from evora.strategies.es_full.config import EsFullConfig
-from evora.strategies.full_weights import MasterWeights, matrix_name, with_fitness
+from evora.strategies.full_weights import MasterWeights, decays_to_start, matrix_name, start_copies, with_fitness
 from evora.strategies.noise_sums import member_coefficients
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
 from evora.strategies.shaping import shape
@@ -86,6 +88,10 @@ class EsFullStrategy:
     @property
     def delta_rank(self) -> int:
         return self.cfg.delta_rank
+
+    @property
+    def anchored(self) -> bool:
+        return decays_to_start(self.cfg.weight_decay, self.cfg.weight_decay_anchor)
 
     # --- noise ------------------------------------------------------------------------
 
@@ -171,15 +177,15 @@ class EsFullStrategy:
 
     def master_bytes(self, layout: AdapterLayout) -> int:
         """Memory of one worker's master copies, 4 bytes a weight (candidates are set from seeds
-        inside the engine, a piece at a time; the update holds one matrix's step a thread)."""
+        inside the engine, a piece at a time; the update holds one matrix's step a thread), and
+        as much again for the decay's anchor under weight_decay_anchor=start."""
         weights = sum(slot.out_features * slot.in_features for slot in layout.modules)
-        return 4 * weights
+        return 4 * weights * (1 + self.anchored)
 
     def start_master(self, tensors: Tensors, transposed: frozenset[str] = frozenset()) -> MasterWeights:
         """fp32 copies as the checkpoint stores them; `transposed`: those stored [in, out]
         (the noise is drawn in the stored shape, so they need nothing else)."""
-        copies = {k: v.detach().to(torch.float32).clone() for k, v in tensors.items()}
-        return MasterWeights(copies, transposed=transposed)
+        return start_copies(tensors, transposed, self.anchored)
 
     def direction(
         self, update: EsFullUpdate, name: str, shape_: tuple[int, ...], device: str | torch.device = "cpu"
@@ -202,7 +208,7 @@ class EsFullStrategy:
             weight = master.tensors[name]
             delta = self.direction(update, name, tuple(weight.shape), weight.device).mul_(step)
             if cfg.weight_decay:
-                delta -= (cfg.lr * cfg.weight_decay) * weight
+                delta -= master.decay(name, cfg.lr * cfg.weight_decay)
             weight += delta
             return float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
 

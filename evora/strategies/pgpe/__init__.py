@@ -1,0 +1,17 @@
+"""strategy=pgpe: PGPE, symmetric sampling, ClipUp, over the LoRA tensors (Sehnke et al. 2010; Toklu et al. 2020)."""
+
+from evora.strategies.pgpe.config import PGPEConfig, check_pgpe
+from evora.strategies.pgpe.strategy import PGPE
+from evora.strategies.registry import register_strategy
+
+register_strategy(
+    "pgpe",
+    config=PGPEConfig,
+    summary="PGPE over the LoRA tensors: symmetric pairs, a sigma per value, ClipUp (Sehnke et al. 2010)",
+    validate=check_pgpe,
+    center="mean",
+    report_keys=("population", "sigma", "lr", "sigma_lr", "optimizer", "shaping"),
+    console_keys=(("update_norm", "|update|"), ("sigma_mean", "sigma")),
+)(PGPE)
+
+__all__ = ["PGPE", "PGPEConfig"]

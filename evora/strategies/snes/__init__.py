@@ -1,0 +1,17 @@
+"""strategy=snes: separable natural evolution strategies over the LoRA tensors (Schaul et al. 2011)."""
+
+from evora.strategies.registry import register_strategy
+from evora.strategies.snes.config import SNESConfig, check_snes
+from evora.strategies.snes.strategy import SNES
+
+register_strategy(
+    "snes",
+    config=SNESConfig,
+    summary="separable NES over the LoRA tensors: a sigma per value, adapted (Schaul et al. 2011)",
+    validate=check_snes,
+    center="mean",
+    report_keys=("population", "sigma", "lr", "sigma_lr", "shaping", "antithetic"),
+    console_keys=(("update_norm", "|update|"), ("sigma_mean", "sigma")),
+)(SNES)
+
+__all__ = ["SNES", "SNESConfig"]

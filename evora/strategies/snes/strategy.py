@@ -1,0 +1,74 @@
+"""Separable natural evolution strategies over the LoRA tensors (SNES: Schaul, Glasmachers and
+Schmidhuber 2011, "High dimensions and heavy tails for natural evolution strategies").
+
+A Gaussian with a centre mu and a standard deviation sigma per value. Each generation draws
+s_k ~ N(0, I), evaluates z_k = mu + sigma * s_k, ranks them into utilities u_k (`shaping=nes`, the
+paper's), and moves
+
+    grad_mu    = sum_k u_k s_k                 mu    <- mu + eta_mu * sigma * grad_mu
+    grad_sigma = sum_k u_k (s_k^2 - 1)         sigma <- sigma * exp(eta_sigma / 2 * grad_sigma)
+
+with eta_mu = 1 and eta_sigma = (3 + ln d) / (5 sqrt d) for d values by default. `antithetic=true`
+(not the paper's) evaluates each s as the pair (+s, -s). Candidates travel as seeds; the state is
+mu and sigma, fp32, so resume is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from evora.strategies import separable
+from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told
+from evora.strategies.separable import SeparablePayload, SeparableState
+from evora.strategies.shaping import shape, shaping_input
+from evora.strategies.snes.config import SNESConfig
+
+
+def paper_sigma_lr(values: int) -> float:
+    """eta_sigma = (3 + ln d) / (5 sqrt d) (Schaul et al. 2011, Table 1)."""
+    return (3 + math.log(values)) / (5 * math.sqrt(values))
+
+
+class SNES:
+    state_type: ClassVar[type] = SeparableState
+
+    def __init__(self, cfg: SNESConfig, run_seed: int):
+        self.cfg = cfg
+        self.run_seed = run_seed
+
+    def initial_state(self, context: StrategyContext) -> SeparableState:
+        return separable.initial_state(self.cfg, context)
+
+    def ask(self, state: SeparableState, generation: int) -> tuple[list[CandidateSpec], SeparablePayload]:
+        specs = separable.population(self.cfg.population, generation, self.cfg.antithetic)
+        return specs, SeparablePayload(generation, state.mu, state.sigma)
+
+    def materialise(self, payload: SeparablePayload, spec: CandidateSpec) -> Tensors:
+        return separable.candidate(self.run_seed, payload, spec)
+
+    def sigma_lr(self, state: SeparableState) -> float:
+        return self.cfg.sigma_lr if self.cfg.sigma_lr is not None else paper_sigma_lr(separable.values(state.mu))
+
+    def tell(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
+        return self.step(state, specs, shape(shaping_input(results, self.cfg.shaping), self.cfg.shaping))
+
+    def step(self, state: SeparableState, specs: list[CandidateSpec], utilities: np.ndarray) -> Told:
+        """The update from the candidates' utilities (in spec order)."""
+        signed, plain = separable.per_member(specs, utilities)
+        linear, squares = separable.moment_sums(self.run_seed, specs[0].generation, state.mu, signed, plain)
+        total = float(np.sum(utilities))  # sum_k u_k (s_k^2 - 1) = sum_k u_k s_k^2 - sum_k u_k
+        lr, half = self.cfg.lr, self.sigma_lr(state) / 2
+        mu = {k: state.mu[k] + lr * state.sigma[k] * linear[k] for k in state.mu}
+        sigma = {k: state.sigma[k] * torch.exp(half * (squares[k] - total)) for k in state.mu}
+        stats = {
+            "update_norm": separable.norm({k: mu[k] - state.mu[k] for k in mu}),
+            **separable.sigma_stats(sigma),
+        }
+        return Told(SeparableState(mu, sigma, state.step + 1), stats)
+
+    def center(self, state: SeparableState) -> Tensors:
+        return state.mu
