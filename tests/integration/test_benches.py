@@ -189,3 +189,13 @@ def test_gpu_check(tmp_path):
     ]
     assert all(c["passed"] for c in report["checks"]), report["checks"]
     assert "| check | result | detail | s |" in result.stdout  # the table to paste into a note
+
+
+def test_separable(tmp_path):
+    out = tmp_path / "separable.json"
+    result = run_bench("separable.py", "--out", str(out))
+    report = read(out, {"values", "threads", "es", "snes", "pgpe"})
+    # 2 layers x rank 2 x (in + out) of q and o, k and v, gate, up and down
+    assert report["values"] == 2 * 2 * (2 * 3072 + 2 * 1792 + 3 * 10496)
+    assert all(report[s]["tell_vs_es"] > 0 and report[s]["materialise_s"] > 0 for s in ("snes", "pgpe"))
+    assert "x ES's" in result.stdout
