@@ -11,6 +11,7 @@ and applies the same updates from seeds and fitness:
     master = strategy.start_master(tensors, transposed)  # from the checkpoint's matrices (fp32), as stored
     strategy.perturbation_rank, strategy.snapshot_every   # candidates' LoRA rank; generations between snapshots
     strategy.master_bytes(layout)                     # memory of a worker's master copies (the plan places them)
+    strategy.anchored                                 # decay pulls towards the model's weights (MasterWeights.anchor)
 
 The master copies live on the engine's device when they fit beside it, on the host otherwise
 (the run plan decides: `RunPlan.master_device`), and every noise draw of the update is made
