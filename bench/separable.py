@@ -25,7 +25,10 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # evora and the bench helpers from this checkout
+
+
+from eggroll_update import layer_shapes  # noqa: E402
 
 from evora.lora.layout import build_layout  # noqa: E402
 from evora.strategies.es import ESConfig, EvolutionStrategy  # noqa: E402
@@ -34,23 +37,12 @@ from evora.strategies.protocol import fitness_results  # noqa: E402
 from evora.strategies.separable import SeparableState  # noqa: E402
 from evora.strategies.snes import SNES, SNESConfig  # noqa: E402
 
-HIDDEN, KV, INTERMEDIATE = 1536, 256, 8960  # Qwen2.5-1.5B
-MODULES = {
-    "self_attn.q_proj": (HIDDEN, HIDDEN),
-    "self_attn.k_proj": (KV, HIDDEN),
-    "self_attn.v_proj": (KV, HIDDEN),
-    "self_attn.o_proj": (HIDDEN, HIDDEN),
-    "mlp.gate_proj": (INTERMEDIATE, HIDDEN),
-    "mlp.up_proj": (INTERMEDIATE, HIDDEN),
-    "mlp.down_proj": (HIDDEN, INTERMEDIATE),
-}
-
 
 def adapter(layers: int, rank: int) -> dict[str, torch.Tensor]:
-    shapes = {f"model.layers.{i}.{m}": s for i in range(layers) for m, s in MODULES.items()}
-    layout = build_layout(
-        shapes, rank=rank, alpha=rank, target_modules=[m.split(".")[1] for m in MODULES], layers=None, base_model="b"
-    )
+    modules = layer_shapes("qwen2.5-1.5b")
+    shapes = {f"model.layers.{i}.{m}": s for i in range(layers) for m, s in modules.items()}
+    targets = [m.split(".")[1] for m in modules]
+    layout = build_layout(shapes, rank=rank, alpha=rank, target_modules=targets, layers=None, base_model="b")
     return {k: torch.randn(s) * 0.01 for k, s in layout.shapes().items()}
 
 
