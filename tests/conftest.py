@@ -144,6 +144,8 @@ SMALL = [
     "task.eval_size=64",
     "eval_every=2",
 ]
+# strategy=merge needs adapters to merge (two of the bundled tiny ones) and a rank that holds them.
+MERGE_SOURCES = ("strategy.adapters=[evora:tiny_adapters/evolved,evora:tiny_adapters/noise]", "lora.rank=8")
 # The es-run group's run (test_cli, test_benchmarks, test_serve share it): the quickstart's ES, small,
 # on two workers.
 ES_RUN = ("+experiment=quickstart/es", *SMALL, "generations=3", "hardware.num_workers=2")

@@ -108,12 +108,14 @@ def test_the_benchmark_table_equals_lm_evals_own_numbers(engine, tmp_path):
 
 
 @pytest.mark.xdist_group("lm-eval-task")
-def test_an_es_run_on_an_lm_eval_task_reports_lm_evals_own_metric(tmp_path):
-    """task=lm_eval through the whole runtime: the held-out rewards the run reports, base and best,
-    are lm-eval's own metric of the completions it lists (eval/best_vs_base.json)."""
+@pytest.mark.parametrize("strategy", ["es", "merge"])
+def test_a_run_on_an_lm_eval_task_reports_lm_evals_own_metric(strategy, tmp_path):
+    """task=lm_eval through the whole runtime, for ES and for merges scored as mergekit-evolve
+    scores them: the held-out rewards the run reports, base and best, are lm-eval's own metric
+    of the completions it lists (eval/best_vs_base.json)."""
     sizes = ["task.train_size=16", "task.eval_size=16", "task.prompts_per_generation=8", "task.max_tokens=8"]
     run_dir, _ = cli_run(
-        "+experiment=quickstart/es",
+        f"+experiment=quickstart/{strategy}",
         *SMALL[:2],
         "task=lm_eval",
         f"task.lm_eval_task={TASK}",

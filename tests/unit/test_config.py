@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MERGE_SOURCES
 from evora.config.schema import RunConfig
 from evora.errors import ConfigError
 from evora.plan.compose import GROUPS, compose_run, expand_jobs, group_options, new_run_dir, overrides_of
@@ -75,7 +76,8 @@ def test_no_models_settings_change_with_its_model_and_strategy_unless_an_experim
     qiu2025/...)."""
 
     def settings(model: str) -> dict:
-        run = dataclasses.asdict(compose_run([f"model={model}", f"strategy={strategy}", "engine=hf"]))
+        extra = MERGE_SOURCES if strategy == "merge" else ()
+        run = dataclasses.asdict(compose_run([f"model={model}", f"strategy={strategy}", "engine=hf", *extra]))
         return {k: v for k, v in run.items() if k not in ("model", "name")}
 
     reference = settings(MODELS[0])
@@ -92,6 +94,7 @@ def test_a_run_is_named_after_model_task_and_strategy_and_its_folder_keeps_to_sa
 DATA = Path(__file__).resolve().parents[1] / "data"
 # Options that need company: long-context tasks need a real model, jsonl a file, lm_eval a task.
 WITH = {
+    ("strategy", "merge"): list(MERGE_SOURCES),
     ("task", "jsonl"): [
         f"task.data_path={DATA / 'qa.jsonl'}",
         "task.eval_size=2",

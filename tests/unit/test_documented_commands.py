@@ -3,6 +3,7 @@ of every conf/ file composes and validates (docs/architecture.md, "Configuration
 
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,23 @@ def placeholders(tmp_path_factory):
     run = folder / "finished_run"
     (run / "eval").mkdir(parents=True)
     (run / "eval" / "summary.json").write_text(json.dumps(make_summary(0.1, 0.5)))
-    return {"countdown.json": str(folder / "countdown.json"), "run": str(run)}
+    adapter = write_tiny_adapter(folder / "adapter")
+    shutil.copytree(adapter, run / "adapters" / "best")
+    return {"countdown.json": str(folder / "countdown.json"), "run": str(run), "adapter": str(adapter)}
+
+
+def write_tiny_adapter(folder: Path) -> Path:
+    """A rank-1 adapter of the tiny model's last down_proj: what `adapters/<...>` stands for."""
+    from conftest import TINY
+    from evora.lora.init import random_adapter
+    from evora.lora.layout import build_layout
+    from evora.lora.modules import adaptable_modules
+    from evora.lora.peft_io import save_adapter
+
+    layout = build_layout(
+        adaptable_modules(str(TINY)), rank=1, alpha=1.0, target_modules=["down_proj"], layers=[1], base_model=str(TINY)
+    )
+    return save_adapter(folder, random_adapter(layout, 0, None, 0.01), layout)
 
 
 def substitute(argv: list[str], placeholders: dict[str, str]) -> list[str]:
@@ -118,6 +135,9 @@ def substitute(argv: list[str], placeholders: dict[str, str]) -> list[str]:
             arg = f"{key}={placeholders['countdown.json']}"
         elif re.fullmatch(r"runs/<[^>]+>", value):
             arg = f"{key}={placeholders['run']}"
+        elif value.startswith("[") and "/<" in value:  # a list of adapters and runs: strategy.adapters
+            items = [placeholders["run" if item.startswith("runs/") else "adapter"] for item in value[1:-1].split(",")]
+            arg = f"{key}=[{','.join(items)}]"
         out.append(arg)
     return out
 

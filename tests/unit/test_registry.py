@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MERGE_SOURCES
 from evora.errors import ConfigError
 from evora.plan.compose import CONF_DIR, compose_run, group_options
 from evora.strategies import entries, get_strategy, register_strategy, strategy_names
@@ -23,7 +24,7 @@ def test_every_strategy_folder_is_registered_with_a_yaml_that_composes():
     assert folders == {e.name for e in built_in} and folders <= set(strategy_names())
     for entry in built_in:
         assert (CONF_DIR / "strategy" / f"{entry.name}.yaml").is_file(), entry.name
-        extra = ["task.selection_size=8"] if entry.name == "pbt" else []
+        extra = {"pbt": ["task.selection_size=8"], "merge": list(MERGE_SOURCES)}.get(entry.name, [])
         run = compose_run([f"strategy={entry.name}", *extra])
         assert isinstance(run.strategy, entry.config) and run.strategy.name == entry.name
         assert (entry.strategy is None) != (entry.runner is None), entry.name  # ask/tell, or a job runner
