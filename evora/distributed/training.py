@@ -14,6 +14,7 @@ from evora.plan.run_plan import RunPlan
 from evora.strategies import get_strategy
 from evora.strategies.budget import Budget
 from evora.strategies.protocol import Spend, TrainingContext
+from evora.tasks.base import AnswerTask
 from evora.tasks.prompts import PromptRenderer
 from evora.tasks.reward_pool import Scorer, reward_scorer
 
@@ -33,6 +34,10 @@ def training_context(
     def rewards(completions: list[str], indices: list[int]) -> list[float]:
         return scorer.score(completions, [train[i] for i in indices]).rewards
 
+    def answer(completion: str, index: int) -> str | None:
+        assert isinstance(task, AnswerTask)
+        return task.answer(completion, train[index])
+
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps = get_strategy(run.strategy.name).kind.steps_per_generation(run.strategy)
     context = TrainingContext(
@@ -50,6 +55,7 @@ def training_context(
         device="cuda" if _has_gpu() else "cpu",
         max_tokens=run.task.max_tokens,
         planned_steps=UNPLANNED_STEPS if budget is not None else run.generations * steps,
+        answer=answer if isinstance(task, AnswerTask) else None,
     )
     return context, scorer
 

@@ -158,6 +158,9 @@ class TrainingContext:
     device: str  # cpu | cuda
     max_tokens: int  # the task's completion budget (task.max_tokens)
     planned_steps: int  # the run's optimizer steps (generations x steps per generation), for schedules
+    # (completion, train index) -> its canonical answer (tasks.base.AnswerTask), for majority votes;
+    # None where the task has none (its answers are not strings to compare)
+    answer: Callable[[str, int], str | None] | None = None
 
 
 class Strategy(Protocol):

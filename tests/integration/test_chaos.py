@@ -1,5 +1,5 @@
-"""Chaos on a three-node `ray.cluster_utils.Cluster`: for ES, SNES, PGPE, merge, GA, EGGROLL,
-the ecology and SFT, a 10-generation run with engine=hf is hit by kills of its engine workers and of its
+"""Chaos on a three-node `ray.cluster_utils.Cluster`: for ES, SNES, PGPE, merge, RandOpt, GA,
+EGGROLL, the ecology and SFT, a 10-generation run with engine=hf is hit by kills of its engine workers and of its
 driver at moments drawn from a seeded `random.Random`, each right after a generation's record
 appears in metrics.jsonl (mid-generation: the workers are then inside the next generation;
 the driver may be between its record and its checkpoint, or past both). Every run ends
@@ -55,6 +55,8 @@ RUNS = {
     "snes": (*TINY_RUN, "+experiment=quickstart/snes", "strategy.population=8"),
     "pgpe": (*TINY_RUN, "+experiment=quickstart/pgpe", "strategy.population=8"),
     "merge": (*TINY_RUN, "+experiment=quickstart/merge", "strategy.population=8"),
+    # Every round distils on the driver: a restarted driver retrains from the checkpointed adapter.
+    "randopt": (*TINY_RUN, "+experiment=quickstart/randopt", "strategy.population=8", "strategy.top_k=2"),
     # Snapshots every 3 generations: its workers killed after generation 4 or 5, their
     # replacements join from the snapshot of generation 3 and the updates since; decay towards
     # the model's own weights, which a replacement reads from the model, not from the snapshot.
@@ -172,6 +174,7 @@ def assert_recovered(chaos: Chaos, workers: int) -> None:
         pytest.param("snes", 16, 2, id="snes"),
         pytest.param("pgpe", 17, 3, id="pgpe"),
         pytest.param("merge", 18, 2, id="merge"),
+        pytest.param("randopt", 19, 2, id="randopt"),
         pytest.param("eggroll", 13, 2, id="eggroll"),
         pytest.param("ecology", 14, 2, id="ecology"),
         pytest.param("sft", 15, 2, id="sft"),

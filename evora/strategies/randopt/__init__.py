@@ -1,0 +1,18 @@
+"""strategy=randopt: RandOpt's perturb, top-K ensemble and distil loop, iterated over rounds."""
+
+from evora.strategies.randopt.config import RandOptConfig, check_randopt
+from evora.strategies.randopt.strategy import RandOpt
+from evora.strategies.registry import register_strategy
+
+register_strategy(
+    "randopt",
+    config=RandOptConfig,
+    summary="RandOpt: random perturbations, the top K as an ensemble, its answers distilled by SFT, round after round",
+    validate=check_randopt,
+    center="distilled",
+    refines=True,
+    report_keys=("population", "sigma", "top_k", "targets", "distil_from", "sft_epochs", "sft_learning_rate"),
+    console_keys=(("ensemble_accuracy", "ensemble"), ("distil_examples", "distilled")),
+)(RandOpt)
+
+__all__ = ["RandOpt", "RandOptConfig"]
