@@ -1,7 +1,7 @@
 """Chaos on a three-node `ray.cluster_utils.Cluster`: for ES, SNES, PGPE, merge, RandOpt, GA,
-EGGROLL, the ecology and SFT, a 10-generation run with engine=hf is hit by kills of its engine workers and of its
-driver at moments drawn from a seeded `random.Random`, each right after a generation's record
-appears in metrics.jsonl (mid-generation: the workers are then inside the next generation;
+EGGROLL, the ecology and SFT, a 10-generation run (SFT's: 20) with engine=hf is hit by kills of
+its engine workers and of its driver at moments drawn from a seeded `random.Random`, each right
+after a generation's record appears in metrics.jsonl (mid-generation: the workers are then inside the next generation;
 the driver may be between its record and its checkpoint, or past both). Every run ends
 bitwise equal to its fault-free reference run (one worker, no kills): the exported adapters
 and models, every deterministic value of every metrics record, every JSONL file the run
@@ -69,8 +69,16 @@ RUNS = {
         "strategy.weight_decay_anchor=start",
     ),
     "ecology": (*TINY_RUN, "+experiment=quickstart/ecology_mix", "task.selection_size=32"),
-    # eval_every=1: SFT needs its workers only to evaluate, so the replacements join at once.
-    "sft": (*TINY_RUN, "+experiment=quickstart/sft", "strategy.steps_per_generation=4", "eval_every=1"),
+    # eval_every=1: SFT needs its workers only to evaluate, so the first replacement joins at once;
+    # with one worker back its generations are short, and under a loaded machine the second
+    # replacement's start has spanned 8 of them: 20 generations leave the driver's kill room.
+    "sft": (
+        *TINY_RUN,
+        "+experiment=quickstart/sft",
+        "strategy.steps_per_generation=4",
+        "eval_every=1",
+        "generations=20",
+    ),
 }
 # Values of a metrics record that depend on time and on the workers, not on the run's trajectory.
 VARYING = {"time", "wall_clock_s", "tokens_per_second", "worker_rss_mb"}
@@ -101,6 +109,7 @@ def run_with_chaos(cluster, run: tuple[str, ...], seed: int, workers: int, first
     the driver once a seeded later generation is logged and the replacements are counted in a
     checkpointed record."""
     chaos = random.Random(seed)
+    last = generations_of(run)
     out, process = start_on(cluster, (*run, f"hardware.num_workers={workers}"))
     moment = chaos.choice(first)
     run_dir = wait_for(process, lambda: logged(out, moment), f"generation {moment}")
@@ -119,11 +128,16 @@ def run_with_chaos(cluster, run: tuple[str, ...], seed: int, workers: int, first
 
     replaced_at = wait_for(process, replaced, "the replacements to join")
     # The record after theirs is written after the checkpoint that holds theirs.
-    moment = max(chaos.randrange(1, GENERATIONS), replaced_at[-1] + 1)
-    assert moment <= GENERATIONS, f"the replacements joined at generation {replaced_at[-1]}, too late"
+    moment = max(chaos.randrange(1, last), replaced_at[-1] + 1)
+    assert moment <= last, f"the replacements joined at generation {replaced_at[-1]}, too late"
     wait_for(process, lambda: logged(out, moment), f"generation {moment}")
     ray.kill(ray.get_actor(driver_name(str(run_dir))), no_restart=False)
     return Chaos(run_dir, finish(process), replaced_at)
+
+
+def generations_of(run: tuple[str, ...]) -> int:
+    """The run's generations: its last `generations=` override."""
+    return int([a for a in run if a.startswith("generations=")][-1].partition("=")[2])
 
 
 def tensors_of(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
@@ -142,7 +156,9 @@ def assert_bitwise_equal(run_dir: Path, reference: Path) -> None:
         assert tensors.keys() == ours[name].keys()
         assert all(torch.equal(ours[name][k], v) for k, v in tensors.items()), name
     records = read_metrics(run_dir)
-    assert [r["generation"] for r in records] == list(range(GENERATIONS + 1))  # none missing, none twice
+    reference_generations = [r["generation"] for r in read_metrics(reference)]
+    assert [r["generation"] for r in records] == reference_generations  # none missing, none twice
+    assert reference_generations == list(range(len(reference_generations)))
     assert [trajectory(r) for r in records] == [trajectory(r) for r in read_metrics(reference)]
     files = sorted(p.name for p in reference.glob("*.jsonl") if p.name != "metrics.jsonl")
     assert files == sorted(p.name for p in run_dir.glob("*.jsonl") if p.name != "metrics.jsonl")
