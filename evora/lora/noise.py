@@ -143,6 +143,20 @@ class DenseNoise:
 # --- a CPU stream in pieces ------------------------------------------------------------------
 
 
+def perturbed_adapter(
+    center: dict[str, torch.Tensor], run_seed: int, generation: int, member: int, scale: Callable[[str], float]
+) -> dict[str, torch.Tensor]:
+    """center + scale(name) * the member's noise, per tensor, tensors at once over the process's
+    threads: a candidate of the strategies whose perturbations are one Gaussian draw per member
+    (ES, RandOpt)."""
+
+    def perturbed(item: tuple[str, torch.Tensor]) -> torch.Tensor:
+        name, value = item
+        return value + scale(name) * member_noise(run_seed, generation, member, name, tuple(value.shape))
+
+    return dict(zip(center, in_parallel(perturbed, list(center.items()), cost=lambda item: item[1].numel())))
+
+
 def pieces(numel: int, piece: int = PIECE) -> Iterator[tuple[int, int]]:
     """(start, stop) of a flat tensor's pieces: `piece` values each, the last one at least 16
     (a shorter tail joins the piece before it), so that they draw bitwise one whole draw."""

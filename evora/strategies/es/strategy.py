@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from evora.lora.noise import in_parallel, member_noise, noise_generation, noise_key, weighted_sum
+from evora.lora.noise import in_parallel, noise_generation, noise_key, perturbed_adapter, weighted_sum
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.es.config import ESConfig
 from evora.strategies.noise_sums import NoiseSums, member_coefficients, member_groups, summed_locally
@@ -65,9 +65,6 @@ class EvolutionStrategy:
             ]
         return [CandidateSpec(generation, i, member=i) for i in range(self.cfg.population)]
 
-    def noise(self, generation: int, member: int, name: str, shape_: tuple[int, ...]) -> torch.Tensor:
-        return member_noise(self.run_seed, noise_generation(generation, self.cfg.noise_reuse), member, name, shape_)
-
     # --- ask / tell -----------------------------------------------------------------
 
     def initial_state(self, context: StrategyContext) -> ESState:
@@ -85,14 +82,10 @@ class EvolutionStrategy:
         return self.population(generation), ESPayload(generation, state.theta, state.noise_scales)
 
     def materialise(self, payload: ESPayload, spec: CandidateSpec) -> Tensors:
-        scales = payload.noise_scales
-
-        def perturbed(item: tuple[str, torch.Tensor]) -> torch.Tensor:
-            k, v = item
-            eps = self.noise(spec.generation, spec.member, k, tuple(v.shape))
-            return v + (spec.sign * self.sigma_of(scales, k)) * eps
-
-        return dict(zip(payload.theta, in_parallel(perturbed, list(payload.theta.items()), cost=_values)))
+        scales, generation = payload.noise_scales, noise_generation(spec.generation, self.cfg.noise_reuse)
+        return perturbed_adapter(
+            payload.theta, self.run_seed, generation, spec.member, lambda k: spec.sign * self.sigma_of(scales, k)
+        )
 
     # --- the update: sums of the members' noise, then the step ---------------------------
 

@@ -50,8 +50,9 @@ def resolve_source(entry: str, key: str) -> Path:
     return folder
 
 
-def source_rank(folder: Path, key: str) -> int:
-    config = read_adapter_config(folder)
+def source_rank(folder: Path, key: str, config: dict | None = None) -> int:
+    """The adapter's rank, where evora can merge it (its adapter_config.json, read here unless given)."""
+    config = read_adapter_config(folder) if config is None else config
     for unsupported in ("use_rslora", "use_dora"):
         require(not config.get(unsupported), key, str(folder), f"{unsupported}=true adapters cannot be merged here")
     require(
@@ -88,7 +89,7 @@ def load_sources(adapters: Sequence[str], layout: AdapterLayout) -> list[Tensors
 
 def load_source(folder: Path, layout: AdapterLayout, key: str) -> Tensors:
     config = read_adapter_config(folder)
-    rank = source_rank(folder, key)
+    rank = source_rank(folder, key, config)
     ratio = (float(config["lora_alpha"]) / rank) / layout.scale
     loaded = load_adapter_tensors(folder)
     shapes = layout.shapes()

@@ -31,8 +31,7 @@ class MergeState:
     STATE_VERSION: ClassVar[int] = 1
     sources: list[Tensors]  # each adapter's factors on the run's layout (sources.py)
     rank: int  # the run's lora.rank: the combination's
-    groups: int  # weights per adapter (1, or its layer groups)
-    start: list[float]  # CMA-ES's initial mean, sources x groups
+    start: list[float]  # CMA-ES's initial mean, sources x groups (1, or each adapter's layer groups)
     told: list[list[float]]  # each generation's fitness (maximised), in candidate order
     mean: list[float]  # CMA-ES's mean after the last tell: the merge the state stands for
     step: int = 0
@@ -68,7 +67,7 @@ class Merge:
         groups = group_count(sources[0], self.cfg.granularity)
         weight = self.cfg.init_weight if self.cfg.init_weight is not None else 1.0 / len(sources)
         start = [weight] * (len(sources) * groups)
-        return MergeState(sources, context.layout.rank, groups, start, [], list(start))
+        return MergeState(sources, context.layout.rank, start, [], list(start))
 
     def options(self) -> dict[str, Any]:
         """cma's options: its samples from a generator of the run's, silent, no files."""
@@ -122,9 +121,9 @@ class Merge:
         stats = {"cma_sigma": float(optimiser.sigma), **{f"weight_{i}": float(w) for i, w in enumerate(per_adapter)}}
         record = {"generation": specs[0].generation + 1, "mean": mean, "best": [float(v) for v in asked[best]]}
         record |= {"best_fitness": fitness[best], "cma_sigma": float(optimiser.sigma)}
-        next_state = MergeState(state.sources, state.rank, state.groups, state.start, told, mean, state.step + 1)
+        next_state = MergeState(state.sources, state.rank, state.start, told, mean, state.step + 1)
         return Told(next_state, stats, records={"merge_weights.jsonl": [record]})
 
     def center(self, state: MergeState) -> Tensors:
-        weights = np.array(state.mean).reshape(len(state.sources), state.groups)
+        weights = np.array(state.mean).reshape(len(state.sources), -1)
         return combine(state.sources, weights, state.rank, self.cfg.combine)

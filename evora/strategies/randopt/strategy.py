@@ -18,10 +18,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from evora.errors import ConfigError
-from evora.lora.noise import in_parallel, member_noise, noise_key
+from evora.lora.noise import noise_key, perturbed_adapter
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.protocol import (
     CandidateSpec,
@@ -84,15 +83,10 @@ class RandOpt:
         return specs, RandOptPayload(generation, state.center, state.scales)
 
     def materialise(self, payload: RandOptPayload, spec: CandidateSpec) -> Tensors:
-        sigma = self.cfg.sigma
-
-        def perturbed(item: tuple[str, torch.Tensor]) -> torch.Tensor:
-            name, center = item
-            noise = member_noise(self.run_seed, spec.generation, spec.member, name, tuple(center.shape))
-            return center + sigma * payload.scales.get(name, 1.0) * noise
-
-        items = list(payload.center.items())
-        return dict(zip(payload.center, in_parallel(perturbed, items, cost=lambda item: item[1].numel())))
+        sigma, scales = self.cfg.sigma, payload.scales
+        return perturbed_adapter(
+            payload.center, self.run_seed, spec.generation, spec.member, lambda k: sigma * scales.get(k, 1.0)
+        )
 
     def tell(self, state: RandOptState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
         if results.texts is None:
