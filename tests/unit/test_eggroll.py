@@ -2,7 +2,7 @@
 LoRAs, the update equals the per-candidate sum built from those LoRAs (SGD) and torch's own
 Adam, replay from a snapshot is bitwise the straight run, fp32 master copies keep updates
 that bf16 rounds away, the delta adapter is the Eckart-Young truncation, and the exported
-model folder loads in transformers."""
+model folder loads in transformers; distribution=snes adapts a sigma per matrix by SNES's rule."""
 
 from __future__ import annotations
 
@@ -199,6 +199,8 @@ def test_exported_model_folder_loads_in_transformers_with_the_new_weights(tiny_p
         ({"sigma": 0.0}, "strategy.sigma=0.0: must be > 0"),
         ({"optimizer": "lion"}, 'strategy.optimizer="lion": allowed: sgd, adam'),
         ({"snapshot_every": 0}, "strategy.snapshot_every=0: must be an integer >= 1"),
+        ({"distribution": "cma"}, 'strategy.distribution="cma": allowed: fixed, snes'),
+        ({"sigma_lr": 0.0}, "strategy.sigma_lr=0.0: must be > 0, or null"),
     ],
 )
 def test_bad_settings_are_one_line(overrides, message):
@@ -249,3 +251,65 @@ def test_weight_decay_pulls_towards_its_anchor(anchor):
             expected = before[name] + 0.01 * grad - 0.01 * 0.5 * pull
             assert torch.allclose(master.tensors[name].double(), expected, atol=1e-6)
     assert not any(k.startswith("anchor") for k in master.snapshot()) and master.to("cpu").anchor is master.anchor
+
+
+def test_distribution_snes_adapts_each_matrix_sigma_by_a_float64_transcription_of_snes_rule():
+    """sigma_j <- sigma_j exp(eta / 2 sum_k u_k (|E_k,j|^2 / (out in) - 1)), u = zscore(f) / N,
+    eta = (3 + ln d) / (5 sqrt d) for d = 2 matrices; E_k built densely here, per candidate."""
+    eggroll, state = strategy(distribution="snes")
+    assert state.sigmas == [[0.1, 0.1]]
+    fitness = np.array([0.3, -1.0, 2.0, 0.5, 0.0, 1.5])
+    result = eggroll.tell(state, eggroll.ask(state, 0)[0], fitness_results(0, fitness))
+    u = (fitness - fitness.mean()) / fitness.std() / 6
+    eta = (3 + math.log(2)) / (5 * math.sqrt(2))
+    for j, slot in enumerate(SLOTS):
+        gradient = 0.0
+        for k, spec in enumerate(eggroll.population(0)):
+            b, a = eggroll.factors(0, spec.member, slot.name, slot.out_features, slot.in_features)
+            e = spec.sign * (b.double() @ a.double()) / math.sqrt(2)
+            gradient += u[k] * (float((e**2).sum()) / (slot.out_features * slot.in_features) - 1)
+        assert result.state.sigmas[1][j] == pytest.approx(0.1 * math.exp(eta / 2 * gradient), rel=1e-12)
+    assert result.stats["sigma_min"] == min(result.state.sigmas[1]) != 0.1
+
+
+def test_distribution_snes_perturbs_and_updates_each_matrix_with_its_own_sigma():
+    """Generation 1 after an adaptation: candidate i's LoRA is sign sigma_j E_j, and the SGD
+    update is lr / (N sigma_j) sum_i w_i sign_i E_i, matrix by matrix."""
+    eggroll, state = strategy(distribution="snes", shaping="none", sigma_lr=2.0)
+    state = told(eggroll, state, 0, [0.3, -1.0, 2.0, 0.5, 0.0, 1.5])
+    fitness = [1.0, 0.0, -0.5, 0.25, 2.0, -1.0]
+    state = told(eggroll, state, 1, fitness)
+    sigmas = state.sigmas[1]
+    assert sigmas[0] != sigmas[1]
+    specs, payload = eggroll.ask(state, 1)
+    master = eggroll.start_master(base_weights())
+    before = {k: v.clone() for k, v in master.tensors.items()}
+    master.generation = 1
+    eggroll.apply(master, eggroll.update_of(state, 1))
+    for slot, sigma in zip(SLOTS, sigmas):
+        b, a = eggroll.factors(1, specs[2].member, slot.name, slot.out_features, slot.in_features)
+        lora = lora_product(eggroll.materialise(payload, specs[2]), slot, payload.scale)
+        assert torch.allclose(lora, sigma * (b.double() @ a.double()) / math.sqrt(2), atol=1e-7)
+        reference = sum(
+            w * lora_product(eggroll.materialise(payload, spec), slot, payload.scale) / sigma
+            for spec, w in zip(specs, fitness)
+        )
+        expected = before[matrix_name(slot.name)].double() + 0.01 / (6 * sigma) * reference
+        assert torch.allclose(master.tensors[matrix_name(slot.name)].double(), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_distribution_snes_widens_when_larger_perturbations_score_better_and_narrows_otherwise(sign):
+    eggroll, state = strategy(distribution="snes")
+    for generation in range(3):
+        specs, _ = eggroll.ask(state, generation)
+        q = eggroll.squared_noise(state, generation, [s.member for s in specs]).sum(axis=1)
+        state = eggroll.tell(state, specs, fitness_results(generation, sign * q)).state
+    assert all((s > 0.1) == (sign > 0) for s in state.sigmas[-1])
+
+
+def test_distribution_fixed_keeps_strategy_sigma_and_no_sigma_history():
+    eggroll, state = strategy()
+    state = told(eggroll, state, 0, [0.3, -1.0, 2.0, 0.5, 0.0, 1.5])
+    assert state.sigmas == [] and eggroll.ask(state, 1)[1].sigmas == (0.1, 0.1)
+    assert dict(eggroll.update_of(state, 0).sigmas) == {s.name: 0.1 for s in SLOTS}

@@ -13,6 +13,16 @@ The update is full rank:
 
 (A = 0, or the model's own weights under weight_decay_anchor=start)
 
+`distribution=snes` (not the paper's) gives each matrix j a sigma of its own, adapted after each
+generation by SNES's rule (Schaul et al. 2011) for a sigma that the matrix's weights share:
+
+    sigma_j <- sigma_j exp(eta / 2 sum_k u_k (q_kj - 1)),   q_kj = |E_k,j|_F^2 / (out_j in_j)
+
+(u the shaped fitness / N, q the squared standardised noise averaged over the matrix; eta, by
+default SNES's (3 + ln d) / (5 sqrt d), d the matrices). A sigma per weight would not fit: sigma
+times a low-rank E elementwise is no longer low rank, so no longer a LoRA, and it would cost
+another fp32 copy of every matrix, the memory EGGROLL exists to save.
+
 with w the shaped fitness. The driver keeps only the fitness of each generation; every
 worker applies the same update to its own fp32 master copies (`MasterWeights`) from the run
 seed and that fitness, so no weights cross the network and any worker can rebuild the
@@ -22,8 +32,8 @@ weights of any generation from a snapshot and the fitness that followed it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, Mapping
 
 import numpy as np
 import torch
@@ -36,6 +46,7 @@ from evora.strategies.full_weights import MasterWeights, decays_to_start, start_
 from evora.strategies.noise_sums import member_coefficients
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
 from evora.strategies.shaping import shape
+from evora.strategies.snes.strategy import paper_sigma_lr
 
 
 @dataclass
@@ -46,6 +57,9 @@ class EggrollState:
     scale: float  # the candidates' LoRA scale (alpha / rank)
     # per generation: the population's fitness (shaping=per_prompt: its per-prompt normalised means)
     fitness: list[list[float]] = field(default_factory=list)
+    # distribution=snes: per generation, the sigma of each module (generation g draws with sigmas[g]);
+    # empty under distribution=fixed, whose sigma is strategy.sigma throughout
+    sigmas: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,7 @@ class EggrollPayload:
     generation: int
     modules: tuple[tuple[str, int, int], ...]  # (module, out, in)
     scale: float
+    sigmas: tuple[float, ...]  # the generation's sigma of each module, in the modules' order
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,7 @@ class WeightUpdate:
     step: int  # 1-based: Adam's bias correction
     coefficients: tuple[float, ...]  # per member: sum over its candidates of shaped fitness x sign
     population: int
+    sigmas: Mapping[str, float]  # module -> the generation's sigma
 
 
 class EggrollStrategy:
@@ -107,9 +123,15 @@ class EggrollStrategy:
 
     def initial_state(self, context: StrategyContext) -> EggrollState:
         slots = context.layout.modules
-        return EggrollState(
-            [s.name for s in slots], [[s.out_features, s.in_features] for s in slots], context.layout.scale
-        )
+        adapted = [[self.cfg.sigma] * len(slots)] if self.cfg.distribution == "snes" else []
+        shapes = [[s.out_features, s.in_features] for s in slots]
+        return EggrollState([s.name for s in slots], shapes, context.layout.scale, sigmas=adapted)
+
+    def sigmas_of(self, state: EggrollState, generation: int) -> tuple[float, ...]:
+        """The sigma of each module in `generation`."""
+        if not state.sigmas:  # distribution=fixed
+            return (self.cfg.sigma,) * len(state.modules)
+        return tuple(state.sigmas[generation])
 
     def population(self, generation: int) -> list[CandidateSpec]:
         return [
@@ -119,24 +141,63 @@ class EggrollStrategy:
 
     def ask(self, state: EggrollState, generation: int) -> tuple[list[CandidateSpec], EggrollPayload]:
         modules = tuple((name, out, in_) for name, (out, in_) in zip(state.modules, state.shapes))
-        return self.population(generation), EggrollPayload(generation, modules, state.scale)
+        return self.population(generation), EggrollPayload(
+            generation, modules, state.scale, self.sigmas_of(state, generation)
+        )
 
     def materialise(self, payload: EggrollPayload, spec: CandidateSpec) -> Tensors:
         """The candidate's LoRA: scale * lora_B @ lora_A = sign sigma E_m."""
-        factor = spec.sign * self.cfg.sigma / (math.sqrt(self.cfg.rank) * payload.scale)
+        factor = spec.sign / (math.sqrt(self.cfg.rank) * payload.scale)
         out: Tensors = {}
-        for name, out_features, in_features in payload.modules:
+        for (name, out_features, in_features), sigma in zip(payload.modules, payload.sigmas):
             slot = ModuleSlot(name, None, in_features, out_features)
             b, a = self.factors(spec.generation, spec.member, name, out_features, in_features)
             out[slot.a_key] = a
-            out[slot.b_key] = b * factor
+            out[slot.b_key] = b * (sigma * factor)
         return out
 
     def tell(self, state: EggrollState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
         state = with_fitness(state, specs, results, self.cfg.shaping)
         coefficients = self.update_of(state, specs[0].generation).coefficients
         # Pairs whose + and - candidates tie move nothing (greedy decoding ties often).
-        return Told(state, {"pairs_tied": float(sum(c == 0.0 for c in coefficients) / len(coefficients))})
+        stats = {"pairs_tied": float(sum(c == 0.0 for c in coefficients) / len(coefficients))}
+        if state.sigmas:  # distribution=snes
+            state = self.adapted(state, specs[0].generation)
+            sigmas = state.sigmas[-1]
+            stats |= {"sigma_mean": float(np.mean(sigmas)), "sigma_min": min(sigmas), "sigma_max": max(sigmas)}
+        return Told(state, stats)
+
+    def adapted(self, state: EggrollState, generation: int) -> EggrollState:
+        """The state with the next generation's sigmas, by SNES's rule per matrix (the module's
+        docstring): sum_k u_k (q_kj - 1) = sum_m U_m q_mj - sum_k u_k, U_m the sum of the member's
+        two candidates' u (its + and - perturbations have the same norm)."""
+        fitness = np.asarray(state.fitness[generation], dtype=np.float64)
+        utilities = shape(fitness, self.cfg.shaping) / len(fitness)
+        per_member = np.zeros(len(fitness) // 2)
+        for spec, u in zip(self.population(generation), utilities):
+            per_member[spec.member] += u
+        live = [m for m in range(len(per_member)) if per_member[m] != 0.0]
+        gradient = per_member[live] @ self.squared_noise(state, generation, live) - float(np.sum(utilities))
+        eta = self.cfg.sigma_lr if self.cfg.sigma_lr is not None else paper_sigma_lr(len(state.modules))
+        sigmas = [s * math.exp(eta / 2 * float(g)) for s, g in zip(state.sigmas[generation], gradient)]
+        return replace(state, sigmas=[*state.sigmas, sigmas])
+
+    def squared_noise(self, state: EggrollState, generation: int, members: list[int]) -> np.ndarray:
+        """q [members, modules]: |E_m|_F^2 / (out in) of each member's perturbation of each module,
+        in float64, from |B A|_F^2 = sum((B^T B) * (A A^T)) (r x r: no out x in product)."""
+
+        def of(item: tuple[str, list[int]]) -> list[float]:
+            name, (out_features, in_features) = item
+            values = self.cfg.rank * out_features * in_features
+            row = []
+            for member in members:
+                b, a = (f.double() for f in self.factors(generation, member, name, out_features, in_features))
+                row.append(float(((b.T @ b) * (a @ a.T)).sum()) / values)
+            return row
+
+        modules = list(zip(state.modules, state.shapes))
+        columns = in_parallel(of, modules, cost=lambda item: sum(item[1]))
+        return np.asarray(columns, dtype=np.float64).reshape(len(modules), len(members)).T
 
     def center(self, state: EggrollState) -> Tensors:
         return {}  # no adapter: the engines' own (updated) weights are the center
@@ -147,7 +208,8 @@ class EggrollStrategy:
         """The update that follows `generation` (0-based), from its fitness."""
         fitness = np.asarray(state.fitness[generation], dtype=np.float64)
         coefficients = member_coefficients(self.population(generation), shape(fitness, self.cfg.shaping))
-        return WeightUpdate(generation, generation + 1, coefficients, len(fitness))
+        sigmas = dict(zip(state.modules, self.sigmas_of(state, generation)))
+        return WeightUpdate(generation, generation + 1, coefficients, len(fitness), sigmas)
 
     def master_bytes(self, layout: AdapterLayout) -> int:
         """Host memory of one worker's master copies (and Adam's two moments, and the decay's
@@ -188,7 +250,7 @@ class EggrollStrategy:
         in_parallel(draw, [(i, member) for i, (member, _) in enumerate(live)])
         bs *= torch.tensor([c for _, c in live], dtype=torch.float32).view(-1, 1, 1)
         stacked = bs.to(device).permute(1, 0, 2).reshape(out_features, len(live) * rank)  # torch.cat(B_m, dim=1)
-        scale = 1.0 / (update.population * self.cfg.sigma * math.sqrt(self.cfg.rank))
+        scale = 1.0 / (update.population * update.sigmas[module] * math.sqrt(self.cfg.rank))
         return (stacked @ as_.to(device)) * scale
 
     def apply(self, master: MasterWeights, update: WeightUpdate) -> float:
