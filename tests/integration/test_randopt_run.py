@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from safetensors.torch import load_file
 from test_model_families import assert_reloads_like_reference
 
 from conftest import cli_run
@@ -27,3 +28,25 @@ def test_the_randopt_quickstart_distils_an_ensemble_that_beats_the_base_model(ti
     assert [r["distil_examples"] for r in rounds] == sorted(r["distil_examples"] for r in rounds)  # cumulative
     assert summary["compute"]["search"]["tokens_trained"] > 0 and "ensemble" in stdout
     assert_reloads_like_reference(tiny_path, run_dir / "adapters" / "distilled")
+
+
+def test_randopt_with_eggrolls_weight_perturbations_beats_the_base_model_and_exports_its_slot_zero():
+    """perturbation=eggroll (engine=hf: the candidates are ordinary LoRAs on either engine): the
+    first round lifts the held-out reward, and the exported adapter's last slot, which carried the
+    perturbations, is zero."""
+    run_dir, _ = cli_run(
+        "+experiment=quickstart/randopt",
+        "engine=hf",
+        "generations=1",
+        "strategy.population=16",
+        "strategy.perturbation=eggroll",
+        "strategy.sigma=0.015",
+        "lora.rank=8",
+        "lora.alpha=8",
+    )
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert read_metrics(run_dir)[1]["heldout_reward"] > summary["base"]["reward"] + 0.2
+    adapter = load_file(str(run_dir / "adapters" / "distilled" / "adapter_model.safetensors"))
+    for name, tensor in adapter.items():
+        last = tensor[-1:] if "lora_A" in name else tensor[:, -1:]
+        assert not last.any() and tensor.any(), name

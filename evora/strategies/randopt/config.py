@@ -10,6 +10,7 @@ from evora.strategies.adapter_init import check_init
 
 TARGETS = ("correct", "vote")
 DISTIL_FROM = ("current", "start")
+PERTURBATIONS = ("lora", "eggroll")
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,10 @@ class RandOptConfig:
     name: str = "randopt"
     population: int = 30  # N: random perturbations drawn and scored each round (a round is a generation)
     sigma: float = 0.001  # the perturbations' standard deviation: theta + sigma * noise
+    # lora: noise on the adapter's tensors | eggroll: sigma E on each target matrix, E = B A / sqrt(r)
+    # EGGROLL's rank-r full-weight perturbation, carried by the adapter's last perturbation_rank slots
+    perturbation: str = "lora"
+    perturbation_rank: int = 1  # r of perturbation=eggroll
     top_k: int = 8  # K: the best perturbations, the ensemble
     targets: str = (
         "correct"  # correct: the members' correct completions, the vote's first | vote: the vote's, unchecked
@@ -44,6 +49,16 @@ def check_randopt(cfg: RandOptConfig, run: Any = None) -> None:
     )
     require(cfg.sigma > 0, "strategy.sigma", cfg.sigma, "must be > 0")
     choice("strategy.targets", cfg.targets, TARGETS)
+    choice("strategy.perturbation", cfg.perturbation, PERTURBATIONS)
+    require(cfg.perturbation_rank >= 1, "strategy.perturbation_rank", cfg.perturbation_rank, "must be an integer >= 1")
+    if cfg.perturbation == "eggroll" and run is not None:
+        require(
+            cfg.perturbation_rank < run.lora.rank,
+            "strategy.perturbation_rank",
+            cfg.perturbation_rank,
+            f"must be below lora.rank ({run.lora.rank}) under strategy.perturbation=eggroll: the adapter's "
+            "last perturbation_rank slots carry the perturbation, the others are distilled",
+        )
     choice("strategy.distil_from", cfg.distil_from, DISTIL_FROM)
     require(cfg.per_prompt >= 1, "strategy.per_prompt", cfg.per_prompt, "must be an integer >= 1")
     require(cfg.sft_epochs > 0, "strategy.sft_epochs", cfg.sft_epochs, "must be > 0")

@@ -5,10 +5,16 @@ answers into one model with the SFT baseline's trainer; the next round perturbs 
 
 Here the model is a LoRA adapter: a perturbation is the round's adapter plus sigma times a
 seeded Gaussian (candidates travel as seeds, as ES's do), and the distilled model is the
-adapter trained on the ensemble's completions (`ensemble.py`). A round is a generation of the
-run: `tell` keeps the ensemble's completions of the round's prompts, `refine` (on the driver,
-right after) votes, picks the completions to distil and trains. Held-out evaluations score the
-single distilled model, as the repository's accuracy is measured.
+adapter trained on the ensemble's completions (`ensemble.py`). `perturbation=eggroll` perturbs
+the weights instead, as the paper does, by EGGROLL's low-rank sigma E (E = B A / sqrt(r), B and A
+seeded Gaussians) on each target matrix: the adapter's last r rank slots, zero in the round's
+adapter, carry it, so a candidate is still one LoRA, s B' A' = s B_c A_c + sigma E. Zero slots
+stay zero under distillation (both factors zero: no gradient, and AdamW keeps zeros at zero).
+
+A round is a generation of the run: `tell` keeps the ensemble's completions of the round's
+prompts, `refine` (on the driver, right after) votes, picks the completions to distil and
+trains. Held-out evaluations score the single distilled model, as the repository's accuracy is
+measured.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 
 from evora.errors import ConfigError
-from evora.lora.noise import noise_key, perturbed_adapter
+from evora.lora.layout import ModuleSlot
+from evora.lora.noise import gaussian, in_parallel, noise_key, perturbed_adapter
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.protocol import (
     CandidateSpec,
@@ -50,6 +58,8 @@ class RandOptState:
     ensemble: list[dict[str, Any]] = field(default_factory=list)
     examples: list[dict[str, Any]] = field(default_factory=list)  # distilled so far: {"example", "completion"}
     step: int = 0
+    modules: list[str] = field(default_factory=list)  # the adapter's modules (perturbation=eggroll's matrices)
+    lora_scale: float = 1.0  # the adapter's alpha / rank
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,8 @@ class RandOptPayload:
     generation: int
     center: Tensors
     scales: dict[str, float]
+    modules: tuple[str, ...] = ()
+    lora_scale: float = 1.0
 
 
 class RandOpt:
@@ -76,17 +88,65 @@ class RandOpt:
 
     def initial_state(self, context: StrategyContext) -> RandOptState:
         start = clone_tensors(initial_adapter(self.cfg, context))
-        return RandOptState(clone_tensors(start), start, noise_scales(self.cfg, context))
+        modules = [slot.name for slot in context.layout.modules]
+        if self.cfg.perturbation == "eggroll":
+            start = self.cleared(start, modules)
+        return RandOptState(
+            clone_tensors(start),
+            start,
+            noise_scales(self.cfg, context),
+            modules=modules,
+            lora_scale=context.layout.scale,
+        )
+
+    def cleared(self, adapter: Tensors, modules: list[str]) -> Tensors:
+        """The adapter with its last perturbation_rank slots zero (perturbation=eggroll's): a random
+        start's are cleared; an adapter from strategy.init_path must have them zero already."""
+        r = self.cfg.perturbation_rank
+        for module in modules:
+            slot = ModuleSlot(module, None, 0, 0)
+            a, b = adapter[slot.a_key], adapter[slot.b_key]
+            if self.cfg.init == "path" and (a[-r:].any() or b[:, -r:].any()):
+                raise ConfigError(
+                    f'strategy.init_path="{self.cfg.init_path}": {module} uses the last {r} rank slots, which '
+                    f"strategy.perturbation=eggroll keeps for the perturbation: pad the adapter with {r} zero slots "
+                    "to lora.rank, or use perturbation=lora"
+                )
+            a[-r:], b[:, -r:] = 0.0, 0.0
+        return adapter
 
     def ask(self, state: RandOptState, generation: int) -> tuple[list[CandidateSpec], RandOptPayload]:
         specs = [CandidateSpec(generation, i, member=i) for i in range(self.cfg.population)]
-        return specs, RandOptPayload(generation, state.center, state.scales)
+        payload = RandOptPayload(generation, state.center, state.scales, tuple(state.modules), state.lora_scale)
+        return specs, payload
 
     def materialise(self, payload: RandOptPayload, spec: CandidateSpec) -> Tensors:
         sigma, scales = self.cfg.sigma, payload.scales
+        if self.cfg.perturbation == "eggroll":
+            return self.low_rank_perturbed(payload, spec)
         return perturbed_adapter(
             payload.center, self.run_seed, spec.generation, spec.member, lambda k: sigma * scales.get(k, 1.0)
         )
+
+    def low_rank_perturbed(self, payload: RandOptPayload, spec: CandidateSpec) -> Tensors:
+        """The round's adapter with sigma E_m of each matrix in its last r slots (B scaled by
+        sigma / (sqrt(r) * the adapter's scale), so that the LoRA adds sigma B_m A_m / sqrt(r))."""
+        r = self.cfg.perturbation_rank
+
+        def one(module: str) -> tuple[torch.Tensor, torch.Tensor]:
+            slot = ModuleSlot(module, None, 0, 0)
+            a, b = payload.center[slot.a_key].clone(), payload.center[slot.b_key].clone()
+            sigma = self.cfg.sigma * payload.scales.get(slot.b_key, 1.0)
+            key = (self.run_seed, "randopt-eggroll", spec.generation, spec.member, module)
+            a[-r:] = gaussian(noise_key(*key, "A"), (r, a.shape[1]))
+            b[:, -r:] = gaussian(noise_key(*key, "B"), (b.shape[0], r)) * (sigma / (math.sqrt(r) * payload.lora_scale))
+            return a, b
+
+        out = dict(payload.center)
+        for module, (a, b) in zip(payload.modules, in_parallel(one, list(payload.modules))):
+            slot = ModuleSlot(module, None, 0, 0)
+            out[slot.a_key], out[slot.b_key] = a, b
+        return out
 
     def tell(self, state: RandOptState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
         if results.texts is None:
