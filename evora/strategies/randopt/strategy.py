@@ -121,9 +121,9 @@ class RandOpt:
         return specs, payload
 
     def materialise(self, payload: RandOptPayload, spec: CandidateSpec) -> Tensors:
-        sigma, scales = self.cfg.sigma, payload.scales
         if self.cfg.perturbation == "eggroll":
             return self.low_rank_perturbed(payload, spec)
+        sigma, scales = self.cfg.sigma, payload.scales
         return perturbed_adapter(
             payload.center, self.run_seed, spec.generation, spec.member, lambda k: sigma * scales.get(k, 1.0)
         )
