@@ -3,8 +3,10 @@ tiny model's tokenizer (bench/throughput.py, bench/eggroll.py, bench/hf_device.p
 
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -51,3 +53,16 @@ def bench_layout(run: Any, model: str) -> Any:
         layers=None,
         base_model=model,
     )
+
+
+def median_seconds(work: Callable[[], Any], repeats: int, warm: int = 0) -> float:
+    """The median wall time of `repeats` calls of `work`, after `warm` untimed ones (thread pools,
+    the allocator, kernels' first runs)."""
+    for _ in range(warm):
+        work()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from bench_model import median_seconds
 
 from evora.engines import vllm_cpu_lora as grouped_ops
 
@@ -60,14 +59,7 @@ def batch_indices(shape: str, adapters: int, generator: torch.Generator) -> torc
 
 
 def median_us(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e6 * statistics.median(times)
+    return 1e6 * median_seconds(fn, repeats, warm=3)
 
 
 def matmuls_only(x, groups, weights, y):

@@ -41,21 +41,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_model import RESULTS, build_bench_model  # noqa: E402  (the same bench model)
+from bench_model import RESULTS, build_bench_model, median_seconds  # noqa: E402  (the same bench model)
 
 from evora.models.parameters import count_parameters  # noqa: E402
 
 SMOKE = {"population": 2, "prompts": 2, "tokens": 2, "repeats": 1}  # --smoke: every path at the least size
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def timed(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def measure(model: Path, args: argparse.Namespace) -> dict:
@@ -145,9 +136,9 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
     tokens = eggroll_generation()
     assert tokens == papers_way() == base_limit() == args.population * len(prompts) * args.tokens  # same work
     split = {"evaluate": [], "update": []}
-    eggroll_seconds = timed(eggroll_generation, args.repeats)
-    papers_seconds = timed(papers_way, max(1, args.repeats - 1))
-    base_seconds = timed(base_limit, args.repeats)
+    eggroll_seconds = median_seconds(eggroll_generation, args.repeats)
+    papers_seconds = median_seconds(papers_way, max(1, args.repeats - 1))
+    base_seconds = median_seconds(base_limit, args.repeats)
     update_share = statistics.median(u / (e + u) for e, u in zip(split["evaluate"], split["update"]))
     scratch.cleanup()
     engine.shutdown()

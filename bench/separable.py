@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # evora and the bench helpers from this checkout
 
 
+from bench_model import median_seconds  # noqa: E402
 from eggroll_update import layer_shapes  # noqa: E402
 
 from evora.lora.layout import build_layout  # noqa: E402
@@ -46,16 +45,6 @@ def adapter(layers: int, rank: int) -> dict[str, torch.Tensor]:
     return {k: torch.randn(s) * 0.01 for k, s in layout.shapes().items()}
 
 
-def median_seconds(work: Callable[[], Any], repeats: int) -> float:
-    work()  # warm: the noise threads, the allocator
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     mu = adapter(args.layers, args.rank)
     fitness = fitness_results(0, np.random.default_rng(0).normal(size=args.population))
@@ -68,8 +57,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"values": sum(v.numel() for v in mu.values()), "threads": torch.get_num_threads()}
     for name, (strategy, start) in strategies.items():
         specs, payload = strategy.ask(start, 0)
-        tell = median_seconds(lambda: strategy.tell(start, specs, fitness), args.repeats)
-        one = median_seconds(lambda: strategy.materialise(payload, specs[1]), args.repeats)
+        tell = median_seconds(lambda: strategy.tell(start, specs, fitness), args.repeats, warm=1)
+        one = median_seconds(lambda: strategy.materialise(payload, specs[1]), args.repeats, warm=1)
         results[name] = {"tell_s": tell, "materialise_s": one}
     for name in ("snes", "pgpe"):
         results[name]["tell_vs_es"] = results[name]["tell_s"] / results["es"]["tell_s"]

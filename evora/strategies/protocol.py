@@ -18,6 +18,7 @@ other strategy's:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol
 
@@ -277,6 +278,11 @@ def state_from_fields(state_type: type, fields: dict[str, Any]) -> Any:
 
 def clone_tensors(tensors: Tensors) -> Tensors:
     return {k: v.detach().to(torch.float32).clone() for k, v in tensors.items()}
+
+
+def tensors_norm(tensors: Tensors) -> float:
+    """The L2 norm of all the tensors together, in float64."""
+    return math.sqrt(sum(float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2 for t in tensors.values()))
 
 
 def fitness_results(generation: int, fitness: np.ndarray) -> GenerationResults:

@@ -12,7 +12,6 @@ engines' work; ES's sums on the workers, `noise_sums.py`, are for its larger pop
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
@@ -99,10 +98,6 @@ def per_member(specs: Sequence[CandidateSpec], weights: np.ndarray) -> tuple[lis
 
 def values(tensors: Tensors) -> int:
     return sum(t.numel() for t in tensors.values())
-
-
-def norm(tensors: Tensors) -> float:
-    return math.sqrt(sum(float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2 for t in tensors.values()))
 
 
 def sigma_stats(sigma: Tensors) -> dict[str, float]:

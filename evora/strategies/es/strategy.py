@@ -15,7 +15,6 @@ vLLM builds adapters on the host and copies them into its GPU slots.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -26,7 +25,15 @@ from evora.lora.noise import in_parallel, noise_generation, noise_key, perturbed
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.es.config import ESConfig
 from evora.strategies.noise_sums import NoiseSums, member_coefficients, member_groups, summed_locally
-from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told, clone_tensors
+from evora.strategies.protocol import (
+    CandidateSpec,
+    GenerationResults,
+    StrategyContext,
+    Tensors,
+    Told,
+    clone_tensors,
+    tensors_norm,
+)
 from evora.strategies.shaping import shape, shaping_input
 
 
@@ -140,9 +147,9 @@ class EvolutionStrategy:
         if decay:  # (without it, subtracting 0 * theta changed nothing but the time)
             new.theta = {k: new.theta[k] - (lr * decay) * theta[k] for k in theta}
         stats = {
-            "grad_norm": _norm(grad),
-            "update_norm": _norm({k: new.theta[k] - theta[k] for k in theta}),
-            "theta_norm": _norm(new.theta),
+            "grad_norm": tensors_norm(grad),
+            "update_norm": tensors_norm({k: new.theta[k] - theta[k] for k in theta}),
+            "theta_norm": tensors_norm(new.theta),
         }
         return Told(new, stats)
 
@@ -157,10 +164,6 @@ class EvolutionStrategy:
 
     def center(self, state: ESState) -> Tensors:
         return state.theta
-
-
-def _norm(tensors: Tensors) -> float:
-    return math.sqrt(sum(float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2 for t in tensors.values()))
 
 
 def _values(item: tuple[str, torch.Tensor]) -> int:

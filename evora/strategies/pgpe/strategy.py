@@ -24,7 +24,7 @@ import torch
 
 from evora.strategies import separable
 from evora.strategies.pgpe.config import PGPEConfig
-from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told
+from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told, tensors_norm
 from evora.strategies.separable import SeparablePayload, SeparableState
 from evora.strategies.shaping import shape, shaping_input
 
@@ -65,7 +65,7 @@ class PGPE:
         step, velocity = self._centre_step(state, g_mu)
         mu = {k: state.mu[k] + step[k] for k in state.mu}
         sigma = {k: self._bounded(state.sigma[k], state.sigma[k] + self.cfg.sigma_lr * g_sigma[k]) for k in state.mu}
-        stats = {"grad_norm": separable.norm(g_mu), "update_norm": separable.norm(step), **separable.sigma_stats(sigma)}
+        stats = {"grad_norm": tensors_norm(g_mu), "update_norm": tensors_norm(step), **separable.sigma_stats(sigma)}
         return Told(SeparableState(mu, sigma, state.step + 1, velocity), stats)
 
     def _centre_step(self, state: SeparableState, g_mu: Tensors) -> tuple[Tensors, Tensors | None]:
@@ -74,10 +74,10 @@ class PGPE:
             return {k: lr * g for k, g in g_mu.items()}, None
         if state.velocity is None:
             raise ValueError("optimizer=clipup: the PGPE state has no velocity")
-        size = separable.norm(g_mu)
+        size = tensors_norm(g_mu)
         scale = lr / size if size > 0 else 0.0  # (all candidates tied: no direction, momentum only)
         velocity = {k: self.cfg.momentum * state.velocity[k] + scale * g for k, g in g_mu.items()}
-        speed, limit = separable.norm(velocity), self.cfg.max_speed or 2 * lr
+        speed, limit = tensors_norm(velocity), self.cfg.max_speed or 2 * lr
         if speed > limit:
             velocity = {k: v * (limit / speed) for k, v in velocity.items()}
         return velocity, velocity

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from evora.strategies import separable
-from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told
+from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told, tensors_norm
 from evora.strategies.separable import SeparablePayload, SeparableState
 from evora.strategies.shaping import shape, shaping_input
 from evora.strategies.snes.config import SNESConfig
@@ -65,7 +65,7 @@ class SNES:
         mu = {k: state.mu[k] + lr * state.sigma[k] * linear[k] for k in state.mu}
         sigma = {k: state.sigma[k] * torch.exp(half * (squares[k] - total)) for k in state.mu}
         stats = {
-            "update_norm": separable.norm({k: mu[k] - state.mu[k] for k in mu}),
+            "update_norm": tensors_norm({k: mu[k] - state.mu[k] for k in mu}),
             **separable.sigma_stats(sigma),
         }
         return Told(SeparableState(mu, sigma, state.step + 1), stats)
