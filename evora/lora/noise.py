@@ -130,6 +130,29 @@ def in_parallel(
     return results  # type: ignore[return-value]  # every index is set once
 
 
+def named_values(item: tuple[str, torch.Tensor]) -> int:
+    """A named tensor's cost to draw noise for (in_parallel's `cost`): its values."""
+    return item[1].numel()
+
+
+def perturbed_adapter(
+    center: dict[str, torch.Tensor],
+    run_seed: int,
+    generation: int,
+    member: int,
+    scale: Callable[[str], float | torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """center + scale(name) * the member's noise, per tensor, tensors at once over the process's
+    threads: a candidate of the strategies whose perturbations are one Gaussian draw per member
+    (ES, RandOpt; SNES and PGPE, whose scale is a tensor of sigmas)."""
+
+    def perturbed(item: tuple[str, torch.Tensor]) -> torch.Tensor:
+        name, value = item
+        return value + scale(name) * member_noise(run_seed, generation, member, name, tuple(value.shape))
+
+    return dict(zip(center, in_parallel(perturbed, list(center.items()), cost=named_values)))
+
+
 @dataclass(frozen=True)
 class DenseNoise:
     """One matrix's dense perturbation, by seed: its weight becomes master + scale * eps, eps the
@@ -141,20 +164,6 @@ class DenseNoise:
 
 
 # --- a CPU stream in pieces ------------------------------------------------------------------
-
-
-def perturbed_adapter(
-    center: dict[str, torch.Tensor], run_seed: int, generation: int, member: int, scale: Callable[[str], float]
-) -> dict[str, torch.Tensor]:
-    """center + scale(name) * the member's noise, per tensor, tensors at once over the process's
-    threads: a candidate of the strategies whose perturbations are one Gaussian draw per member
-    (ES, RandOpt)."""
-
-    def perturbed(item: tuple[str, torch.Tensor]) -> torch.Tensor:
-        name, value = item
-        return value + scale(name) * member_noise(run_seed, generation, member, name, tuple(value.shape))
-
-    return dict(zip(center, in_parallel(perturbed, list(center.items()), cost=lambda item: item[1].numel())))
 
 
 def pieces(numel: int, piece: int = PIECE) -> Iterator[tuple[int, int]]:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import torch
 
-from evora.lora.noise import in_parallel, member_noise
+from evora.lora.noise import in_parallel, member_noise, named_values, perturbed_adapter
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.protocol import CandidateSpec, StrategyContext, Tensors, clone_tensors
 
@@ -56,12 +56,8 @@ def population(size: int, generation: int, antithetic: bool) -> list[CandidateSp
 
 
 def candidate(run_seed: int, payload: SeparablePayload, spec: CandidateSpec) -> Tensors:
-    def perturbed(item: tuple[str, torch.Tensor]) -> torch.Tensor:
-        name, mu = item
-        s = member_noise(run_seed, spec.generation, spec.member, name, tuple(mu.shape))
-        return mu + spec.sign * payload.sigma[name] * s
-
-    return dict(zip(payload.mu, in_parallel(perturbed, list(payload.mu.items()), cost=_values)))
+    sigma = payload.sigma
+    return perturbed_adapter(payload.mu, run_seed, spec.generation, spec.member, lambda k: spec.sign * sigma[k])
 
 
 def moment_sums(
@@ -81,7 +77,7 @@ def moment_sums(
             second.add_(s * s, alpha=d)
         return first, second
 
-    pairs = in_parallel(summed, list(mu.items()), cost=_values)
+    pairs = in_parallel(summed, list(mu.items()), cost=named_values)
     return {k: p[0] for k, p in zip(mu, pairs)}, {k: p[1] for k, p in zip(mu, pairs)}
 
 
@@ -104,7 +100,3 @@ def sigma_stats(sigma: Tensors) -> dict[str, float]:
     """The spread of the standard deviations, for metrics.jsonl."""
     flat = torch.cat([t.reshape(-1) for t in sigma.values()]).double()
     return {"sigma_mean": float(flat.mean()), "sigma_min": float(flat.min()), "sigma_max": float(flat.max())}
-
-
-def _values(item: tuple[str, torch.Tensor]) -> int:
-    return item[1].numel()

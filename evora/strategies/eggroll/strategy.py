@@ -41,6 +41,7 @@ import torch
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout, ModuleSlot
 from evora.lora.noise import gaussian, gaussian_into, in_parallel, noise_generation, noise_key
+from evora.strategies import separable
 from evora.strategies.eggroll.config import EggrollConfig
 from evora.strategies.full_weights import MasterWeights, decays_to_start, start_copies, with_fitness
 from evora.strategies.noise_sums import member_coefficients
@@ -173,9 +174,7 @@ class EggrollStrategy:
         two candidates' u (its + and - perturbations have the same norm)."""
         fitness = np.asarray(state.fitness[generation], dtype=np.float64)
         utilities = shape(fitness, self.cfg.shaping) / len(fitness)
-        per_member = np.zeros(len(fitness) // 2)
-        for spec, u in zip(self.population(generation), utilities):
-            per_member[spec.member] += u
+        per_member = np.asarray(separable.per_member(self.population(generation), utilities)[1])
         live = [m for m in range(len(per_member)) if per_member[m] != 0.0]
         gradient = per_member[live] @ self.squared_noise(state, generation, live) - float(np.sum(utilities))
         eta = self.cfg.sigma_lr if self.cfg.sigma_lr is not None else paper_sigma_lr(len(state.modules))

@@ -21,7 +21,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from evora.lora.noise import in_parallel, noise_generation, noise_key, perturbed_adapter, weighted_sum
+from evora.lora.noise import in_parallel, named_values, noise_generation, noise_key, perturbed_adapter, weighted_sum
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.es.config import ESConfig
 from evora.strategies.noise_sums import NoiseSums, member_coefficients, member_groups, summed_locally
@@ -117,7 +117,7 @@ class EvolutionStrategy:
             keys = [(noise_key(self.run_seed, "noise", drawn, m, name), c) for m, c in live]
             return weighted_sum(keys, tuple(value.shape))
 
-        return dict(zip(payload.theta, in_parallel(summed, list(payload.theta.items()), cost=_values)))
+        return dict(zip(payload.theta, in_parallel(summed, list(payload.theta.items()), cost=named_values)))
 
     def gradient(self, state: ESState, specs: list[CandidateSpec], fitness: np.ndarray) -> Tensors:
         """1/(N sigma_k) * sum_i w_i sign_i eps_i, one noise draw per member, summed here."""
@@ -164,8 +164,3 @@ class EvolutionStrategy:
 
     def center(self, state: ESState) -> Tensors:
         return state.theta
-
-
-def _values(item: tuple[str, torch.Tensor]) -> int:
-    """A named tensor's cost to draw noise for: its values."""
-    return item[1].numel()

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from evora.errors import ConfigError
 from evora.lora.layout import ModuleSlot
@@ -133,19 +132,18 @@ class RandOpt:
         sigma / (sqrt(r) * the adapter's scale), so that the LoRA adds sigma B_m A_m / sqrt(r))."""
         r = self.cfg.perturbation_rank
 
-        def one(module: str) -> tuple[torch.Tensor, torch.Tensor]:
+        def one(module: str) -> Tensors:
             slot = ModuleSlot(module, None, 0, 0)
             a, b = payload.center[slot.a_key].clone(), payload.center[slot.b_key].clone()
             sigma = self.cfg.sigma * payload.scales.get(slot.b_key, 1.0)
             key = (self.run_seed, "randopt-eggroll", spec.generation, spec.member, module)
             a[-r:] = gaussian(noise_key(*key, "A"), (r, a.shape[1]))
             b[:, -r:] = gaussian(noise_key(*key, "B"), (b.shape[0], r)) * (sigma / (math.sqrt(r) * payload.lora_scale))
-            return a, b
+            return {slot.a_key: a, slot.b_key: b}
 
         out = dict(payload.center)
-        for module, (a, b) in zip(payload.modules, in_parallel(one, list(payload.modules))):
-            slot = ModuleSlot(module, None, 0, 0)
-            out[slot.a_key], out[slot.b_key] = a, b
+        for perturbed in in_parallel(one, list(payload.modules)):
+            out |= perturbed
         return out
 
     def tell(self, state: RandOptState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
