@@ -2,7 +2,7 @@
 # make test  lint (ruff), type-check (mypy) and the whole test suite (unit, integration, end-to-end runs through the CLI)
 # make bench population-evaluation throughput table (bench/throughput.py)
 # make release-check  build the sdist and the wheel into dist/ and check what they carry (tools/release_check.py)
-# make docs  the docs site into site/ (MkDocs, --strict; open site/index.html)
+# make docs  the docs site into site/ (MkDocs, --strict; open site/index.html); make docs-serve: served, rebuilt on change
 #
 # Both create .venv on first use and reuse it afterwards; set-up re-runs only when
 # pyproject.toml changes. GPU machines: make run EXTRAS=gpu,dev ARGS="hardware=gpu model=qwen2_5_0_5b"
@@ -19,7 +19,7 @@ PYTEST_XDIST ?= -n 3 --dist loadgroup
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.evora-installed
 
-.PHONY: setup slurm run test bench release-check docs clean
+.PHONY: setup slurm chromium run test bench release-check docs docs-serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,10 +43,18 @@ slurm:
 	    { apt-get update -q >/dev/null && apt-get install -y -q slurm-wlm munge >/dev/null; }; }; } || \
 	  echo "make: slurm-wlm and munge not installed (no apt-get as root here)"
 
+# Debian's Chromium for tests/integration/test_docs_site.py (the docs site rendered headless),
+# installed where apt-get runs as root (the test says what is missing elsewhere).
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -q chromium >/dev/null || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || \
+	  echo "make: chromium not installed (no apt-get as root here)"
+
 run: setup
 	$(BIN)/evora $(ARGS)
 
-test: setup slurm
+test: setup slurm chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -59,6 +67,9 @@ bench: setup
 
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
 
 # Built with the venv's setuptools (nothing fetched), from a copy of the checkout.
 release-check: setup

@@ -6,9 +6,13 @@ group, option and key, read from conf/."""
 
 from __future__ import annotations
 
+import functools
+import html
 import re
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -26,25 +30,45 @@ def header(path: Path) -> str:
 
 
 def documented_keys(path: Path) -> list[tuple[str, str, str]]:
-    """(dotted key, default, meaning) for every key of a config file, outside its defaults list."""
-    keys, parents, in_defaults = [], [], False
+    """(dotted key, default, meaning) for every key of a config file, outside its defaults list.
+    A commented section whose keys have no comments of their own is a value (`families: {addition:
+    1}`): one row, its comment the meaning. Hydra's own settings (`hydra:`) keep their prefix."""
+    lines = parsed_keys(path)
+    values = [key for key, value, meaning in lines if value is None and meaning and not any(
+        m for k, _, m in lines if k.startswith(key + "."))]  # fmt: skip
+
+    def inside(key: str) -> bool:
+        return any(key.startswith(v + ".") for v in values)
+
+    loaded = yaml.safe_load(path.read_text()) if values else {}
+    rows = []
+    for key, value, meaning in lines:
+        if key in values and not inside(key):
+            node = functools.reduce(lambda tree, part: tree[part], key.split("."), loaded)
+            rows.append((key, yaml.safe_dump(node, default_flow_style=True, width=10**6).strip(), meaning))
+        elif value is not None and not inside(key):
+            rows.append((key, value, meaning))
+    return rows
+
+
+def parsed_keys(path: Path) -> list[tuple[str, str | None, str]]:
+    """(dotted key, value or None for a section, comment) of every key line, in file order."""
+    keys: list[tuple[str, str | None, str]] = []
+    parents: list[str] = []
+    in_defaults = False
     for line in path.read_text().splitlines():
-        if not line.strip() or line.lstrip().startswith("#") or line.lstrip().startswith("- "):
-            continue
         found = KEY_LINE.match(line)
-        if found is None:
+        if found is None or line.lstrip().startswith(("#", "- ")):
             continue
         depth = len(found.group("indent")) // 2
         parents = parents[:depth]
         key, value = found.group("key"), found.group("value").strip()
-        if depth == 0:
-            in_defaults = key == "defaults"
-        if in_defaults or key == "hydra":
+        in_defaults = key == "defaults" if depth == 0 else in_defaults
+        if in_defaults:
             continue
+        keys.append((".".join([*parents, key]), value or None, (found.group("comment") or "").strip()))
         if value == "":
             parents.append(key)  # a section: its keys follow, indented
-            continue
-        keys.append((".".join([*parents, key]), value, (found.group("comment") or "").strip()))
     return keys
 
 
@@ -52,8 +76,16 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|")  # a table cell's own bars ("zscore | centered_rank") are text
 
 
+def key_code(key: str) -> str:
+    """A dotted key as code that wraps only after its dots (never mid-word, as "strategy.populat ion")."""
+    return "<code>" + ".<wbr>".join(html.escape(part) for part in key.split(".")) + "</code>"
+
+
 def key_table(path: Path, prefix: str = "") -> str:
-    rows = [f"| `{prefix}{key}` | `{cell(value)}` | {cell(meaning)} |" for key, value, meaning in documented_keys(path)]
+    rows = [
+        f"| {key_code(prefix + key)} | `{cell(value)}` | {cell(meaning)} |"
+        for key, value, meaning in documented_keys(path)
+    ]
     return "\n".join(["| key | default | meaning |", "| --- | --- | --- |", *rows]) if rows else "(no keys of its own)"
 
 
@@ -67,7 +99,7 @@ def strategy_section(name: str) -> str:
     facts = [
         f"- **Selected by** `strategy={name}`{what}",
         f"- **What it is** {entry.summary}",
-        f"- **Kind** `{entry.kind}`{runs}",
+        f"- **Kind** `{entry.kind.name}`: {entry.kind.meaning}{runs}",
     ]
     if entry.center:
         facts.append(f"- **Final adapter** `adapters/{entry.center}`")
@@ -88,11 +120,16 @@ def strategy_section(name: str) -> str:
 
 def strategies_table() -> str:
     from evora.strategies import entries
+    from evora.strategies.kinds import KINDS
 
     rows = [
-        f"| [`{e.name}`]({e.name}.md) | {e.summary} | `{e.kind}` |" for e in sorted(entries(), key=lambda e: e.name)
+        f"| [`{e.name}`]({e.name}.md) | {e.summary} | `{e.kind.name}` |"
+        for e in sorted(entries(), key=lambda e: e.name)
     ]
-    return "\n".join(["", "| strategy | what it is | kind |", "| --- | --- | --- |", *rows, ""])
+    kinds = [f"- `{kind.name}`: {kind.meaning}" for kind in KINDS]
+    return "\n".join(
+        ["", "| strategy | what it is | kind |", "| --- | --- | --- |", *rows, "", "Kinds:", "", *kinds, ""]
+    )
 
 
 def configuration_reference() -> str:
@@ -109,13 +146,22 @@ def configuration_reference() -> str:
 
 
 def experiments_reference() -> list[str]:
-    """Every named experiment (`conf/experiment/`): its command, what it is and the values it sets."""
+    """Every named experiment (`conf/experiment/`), grouped by folder (the page's contents list the
+    folders, not every experiment): its command, what it is and the values it sets."""
     parts = ["### `+experiment=`", ""]
-    for path in sorted((CONF / "experiment").rglob("*.yaml")):
-        name = path.relative_to(CONF / "experiment").with_suffix("").as_posix()
-        comments = [line[1:].strip() for line in path.read_text().splitlines()[1:] if line.startswith("#")]
-        parts += [f"#### `+experiment={name}`", "", "```text", *comments, "```", "", key_table(path), ""]
+    paths = sorted((CONF / "experiment").rglob("*.yaml"))
+    for folder in sorted({path.parent for path in paths}):
+        name = folder.relative_to(CONF / "experiment").as_posix()
+        parts += [f"#### {'`' + name + '/`' if name != '.' else 'Top level'}", ""]
+        for path in (p for p in paths if p.parent == folder):
+            parts += experiment_entry(path)
     return parts
+
+
+def experiment_entry(path: Path) -> list[str]:
+    name = path.relative_to(CONF / "experiment").with_suffix("").as_posix()
+    comments = [line[1:].strip() for line in path.read_text().splitlines()[1:] if line.startswith("#")]
+    return [f"##### `+experiment={name}`", "", "```text", *comments, "```", "", key_table(path), ""]
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:

@@ -15,7 +15,11 @@ def main(argv: list[str]) -> None:
 
     parser = argparse.ArgumentParser(prog="evora compare", description=main.__doc__)
     parser.add_argument("folders", nargs="+", help="run folders, or multirun sweep folders")
-    parser.add_argument("--out", default=None, help="where compare.md and plots/ go")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="where compare.md and plots/ go (default: a sweep folder itself, else runs/compare-<time>)",
+    )
     args = parser.parse_args(argv)
     try:
         rows, paths = compare(args.folders, args.out)

@@ -42,8 +42,9 @@ from evora.tracking.run_dir import run_tag, write_config
 
 @dataclass(frozen=True)
 class PlanRef:
-    """The run plan in Ray's object store: a reference held inside a small argument is not
-    resolved by Ray, so the actor's constructor arguments stay inline (a restart needs them)."""
+    """The run plan in Ray's object store, which the launcher owns for the run's life: a
+    reference held inside a small argument is not resolved by Ray, so `run`'s arguments stay
+    inline."""
 
     ref: Any
 
@@ -52,16 +53,21 @@ class PlanRef:
 
 
 class Driver:
-    def __init__(self, plan_ref: PlanRef, run_dir: str):
-        plan = plan_ref.get()
-        self.plan, self.run_cfg = plan, plan.run
+    """Restartable (max_restarts): its constructor takes no object-store reference, which Ray
+    warns a restart could lose; the plan comes with `run`, which the launcher calls again after a
+    restart."""
+
+    def __init__(self, run_dir: str):
         self.run_dir = Path(run_dir)
         self.run_tag = run_tag(run_dir)
-        self.entry = plan.entry
-        self.budget = plan.budget
         # What `_setup` opens, closed last-opened first (workers before their scratch is swept),
         # however far set-up got.
         self.opened = ExitStack()
+
+    def _take(self, plan: RunPlan) -> None:
+        self.plan, self.run_cfg = plan, plan.run
+        self.entry = plan.entry
+        self.budget = plan.budget
 
     # --- setup ----------------------------------------------------------------------
 
@@ -138,8 +144,9 @@ class Driver:
 
     # --- the loop -------------------------------------------------------------------
 
-    def run(self) -> Iterator[Mapping[str, Any]]:
+    def run(self, plan_ref: PlanRef) -> Iterator[Mapping[str, Any]]:
         start = time.perf_counter()
+        self._take(plan_ref.get())
         try:
             self._setup()
             self.loop.ledger.add_seconds("setup", time.perf_counter() - start)  # every session's start-up, resumes too

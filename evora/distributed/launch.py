@@ -35,8 +35,8 @@ def launch(plan: RunPlan, run_dir: str, on_event: OnEvent) -> Event:
     here = ray.get_runtime_context().get_node_id()
     # A killed driver is restarted by Ray (max_restarts); calling `run` again resumes it from
     # its last checkpoint, so the trajectory is the one an uninterrupted run takes. The plan (its
-    # task splits can be large) goes by a reference this process owns, so a restart finds it.
-    plan_ref = ray.put(plan)
+    # task splits can be large) goes to each `run` by a reference this process owns.
+    plan_ref = PlanRef(ray.put(plan))
     driver: Any = (  # an actor handle
         ray.remote(Driver)
         .options(
@@ -46,13 +46,13 @@ def launch(plan: RunPlan, run_dir: str, on_event: OnEvent) -> Event:
             name=driver_name(run_dir),
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
         )
-        .remote(PlanRef(plan_ref), run_dir)
+        .remote(run_dir)
     )
     restarts = 0
     try:
         while True:
             try:
-                return _stream(driver, on_event)
+                return _stream(driver, plan_ref, on_event)
             except DRIVER_LOST as error:
                 if not _driver_itself(error) or restarts == run.hardware.driver_restarts:
                     raise
@@ -123,9 +123,9 @@ def _await_ready(driver: Any) -> None:
             time.sleep(0.2)  # refused while restarting: ask again shortly (a poll, bounded by the deadline)
 
 
-def _stream(driver: Any, on_event: OnEvent) -> Event:
+def _stream(driver: Any, plan_ref: PlanRef, on_event: OnEvent) -> Event:
     final: Event = {}
-    for ref in driver.run.options(num_returns="streaming").remote():
+    for ref in driver.run.options(num_returns="streaming").remote(plan_ref):
         event = ray.get(ref)
         on_event(event)
         if event["kind"] == "final":

@@ -59,6 +59,7 @@ def resolve(path: str) -> Any:
 class Kind(Generic[P]):
     name: str
     protocol: type | None  # what its strategies implement; None: the strategy runs its whole job (a runner)
+    meaning: str = ""  # one line for a reader: what a generation of this kind does (the docs print it)
     search: str | None = POPULATION_SEARCH  # "module:Class" in evora.distributed, built with SearchParts
     exporter: str | None = EXPORT_ADAPTERS  # "module:function" taking ExportParts
     weights: str | None = None  # "module:Class": what the driver holds of the engines' weights (None: nothing)
@@ -157,20 +158,37 @@ class GradientKind(Kind[GradientStrategy]):
         return cfg.steps_per_generation
 
 
-# ask/tell; candidates evaluated on the workers
-POPULATION: PopulationKind[Strategy] = PopulationKind("population", Strategy, traits=frozenset({"refines", "summed"}))
-# a population whose members serve as a routed portfolio (the ecology)
+POPULATION: PopulationKind[Strategy] = PopulationKind(
+    "population",
+    Strategy,
+    "ask/tell: each generation's candidates are LoRAs evaluated on the engine workers in one multi-LoRA batch",
+    traits=frozenset({"refines", "summed"}),
+)
 PORTFOLIO: Kind[PortfolioStrategy] = Kind(
     "portfolio",
     PortfolioStrategy,
+    "a population whose members serve together as a routed portfolio of specialists",
     exporter="evora.distributed.exporters:export_portfolio",
     traits=frozenset({"refines"}),
 )
-# a population whose tell moves the engines' base weights (EGGROLL, the ES paper's)
-FULL_WEIGHT = FullWeightKind("full_weight", FullWeightStrategy, traits=frozenset({"in_place"}))
-# trained on the driver, one improve() per generation (SFT, GRPO)
-GRADIENT = GradientKind("gradient", GradientStrategy)
-# runs the whole job itself (`register_strategy(runner=...)`): PBT on Ray Tune, whose population
-# is the members it trains at once (the engines keep them all loaded under engine.units=whole)
-JOB: PopulationKind[None] = PopulationKind("job", None, search=None, exporter=None)
+FULL_WEIGHT = FullWeightKind(
+    "full_weight",
+    FullWeightStrategy,
+    "a population whose update moves the engines' own weights (not a LoRA over them); exports a full model",
+    traits=frozenset({"in_place"}),
+)
+GRADIENT = GradientKind(
+    "gradient",
+    GradientStrategy,
+    "trained by gradient steps on the driver each generation; the engine workers score it",
+)
+# PBT on Ray Tune: its population is the members it trains at once (the engines keep them all
+# loaded under engine.units=whole)
+JOB: PopulationKind[None] = PopulationKind(
+    "job",
+    None,
+    "runs its whole job itself (a runner, e.g. on Ray Tune), scoring on the same engine workers",
+    search=None,
+    exporter=None,
+)
 KINDS: tuple[Kind[Any], ...] = (POPULATION, PORTFOLIO, FULL_WEIGHT, GRADIENT, JOB)

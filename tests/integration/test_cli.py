@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import tempfile
 import time
@@ -243,6 +244,8 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
         env={"WANDB_API_KEY": fake_key},
     )
     assert result.returncode == 0, result.stderr[-4000:]
+    # a plain run (its own Ray) prints evora's lines only: no Ray C++ log line ("core_worker.cc:2465: ...")
+    assert not re.search(r"\w\.cc:\d+", result.stdout + result.stderr), result.stderr[-4000:]
     run_dir = only_run_dir(out)
     offline = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 1

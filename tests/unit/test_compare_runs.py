@@ -321,5 +321,5 @@ def test_compare_out_folders(tmp_path, monkeypatch):
     assert paths[0] == tmp_path / "given" / "compare.md" and all(path.exists() for path in paths)
     monkeypatch.chdir(tmp_path)
     _, paths = cmp.compare([tmp_path / "es-run", pbt_run(tmp_path)])
-    assert paths[0].parent.parent == tmp_path and paths[0].parent.name.startswith("compare-20")
+    assert paths[0].parent.parent == tmp_path / "runs" and paths[0].parent.name.startswith("compare-20")
     assert paths[0].exists() and os.path.getsize(paths[2]) > 0

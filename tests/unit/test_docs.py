@@ -56,9 +56,9 @@ def test_the_site_builds_strictly(tmp_path):
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")]
     built = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert built.returncode == 0, built.stderr[-3000:]
-    page = (tmp_path / "site" / "strategies" / "es" / "index.html").read_text()
-    assert "strategy.sigma" in page and "noise standard deviation" in page  # the generated settings table
-    assert "evora.api.run" in (tmp_path / "site" / "api" / "index.html").read_text()  # from the docstrings
+    page = (tmp_path / "site" / "strategies" / "es.html").read_text()  # file names: the offline plugin's links
+    assert "strategy.<wbr>sigma" in page and "noise standard deviation" in page  # the generated settings table
+    assert "evora.api.run" in (tmp_path / "site" / "api.html").read_text()  # from the docstrings
 
 
 def test_the_configuration_pages_table_lists_every_option_of_every_group():
@@ -74,3 +74,32 @@ def test_the_configuration_pages_table_lists_every_option_of_every_group():
     assert set(rows) == set(GROUPS)
     for group in GROUPS:
         assert rows[group] == {p.stem for p in (CONF / group).glob("*.yaml")} - {"schema"}, group
+
+
+def readme_strategies() -> set[str]:
+    """The strategies the README's table names (its first column's backticked names)."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Strategies") :].split("\n\n")[1]
+    return {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split(" | ")[0])}
+
+
+def test_the_readmes_strategy_table_lists_every_registered_strategy():
+    assert readme_strategies() == {e.name for e in entries()}
+
+
+def test_every_kind_says_what_it_means():
+    from evora.strategies.kinds import KINDS
+
+    assert {e.kind for e in entries()} <= set(KINDS)
+    assert all(len(kind.meaning.split()) >= 5 for kind in KINDS), [k.name for k in KINDS if not k.meaning]
+
+
+def test_a_section_of_uncommented_keys_is_documented_as_one_value(tmp_path):
+    path = tmp_path / "mix.yaml"
+    lines = ["defaults:", "  - x", "name: mix  # the name", "families:  # family -> weight", "  a: 1", "  b: 2"]
+    path.write_text("\n".join([*lines, "hydra:", "  job:", "    chdir: false  # keep paths", ""]))
+    assert documented_keys(path) == [
+        ("name", "mix", "the name"),
+        ("families", "{a: 1, b: 2}", "family -> weight"),
+        ("hydra.job.chdir", "false", "keep paths"),
+    ]

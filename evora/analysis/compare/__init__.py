@@ -76,12 +76,13 @@ def write_compare(rows: list[RunRow], out_dir: Path) -> list[Path]:
 
 
 def out_folder(folders: list[Path], out: str | Path | None) -> Path:
-    """--out; else a lone sweep folder itself; else ./compare-<timestamp>."""
+    """--out; else a lone sweep folder itself; else ./runs/compare-<timestamp>, beside the run
+    folders a plain `evora` writes (tracking.out_dir's default), not loose in the current folder."""
     if out is not None:
         return Path(out)
     if len(folders) == 1 and not is_run(folders[0]) and is_sweep(folders[0]):
         return folders[0]
-    return Path.cwd() / f"compare-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    return Path.cwd() / "runs" / f"compare-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
 
 
 def compare(folders: list[str | Path], out: str | Path | None = None) -> tuple[list[RunRow], list[Path]]:
