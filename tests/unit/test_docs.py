@@ -103,3 +103,13 @@ def test_a_section_of_uncommented_keys_is_documented_as_one_value(tmp_path):
         ("families", "{a: 1, b: 2}", "family -> weight"),
         ("hydra.job.chdir", "false", "keep paths"),
     ]
+
+
+def test_every_key_of_the_configuration_reference_has_a_meaning():
+    """The reference's files (the groups', the experiments', config.yaml): each row says what its key is."""
+    from docs_hooks import GROUPS
+
+    paths = [CONF / "config.yaml", *(CONF / "experiment").rglob("*.yaml")]
+    paths += [p for group in GROUPS for p in (CONF / group).glob("*.yaml") if p.stem != "schema"]
+    empty = [f"{p.relative_to(CONF)}: {key}" for p in paths for key, _, meaning in documented_keys(p) if not meaning]
+    assert empty == []
