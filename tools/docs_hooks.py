@@ -20,13 +20,22 @@ GROUPS = ("model", "task", "engine", "hardware", "tracking")  # strategies have 
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w]*):(?P<value>[^#]*?)\s*(?:#\s?(?P<comment>.*))?$")
 
 
+# A config file's command line: `# evora <args>   (what it is)`
+COMMAND_LINE = re.compile(r"#\s*(?P<command>evora [^ ]+(?: [^ (]+)*)\s*(\((?P<what>.*)\))?\s*$")
+
+
 def header(path: Path) -> str:
     """A config file's first comment line, less its `# evora group=option` command."""
     first = path.read_text().splitlines()[0]
-    command = re.match(r"#\s*(evora [^ ]+(?: [^ (]+)*)\s*(\((?P<what>.*)\))?\s*$", first)
+    command = COMMAND_LINE.match(first)
     if command is None:
         return first.lstrip("# ").strip()
     return (command.group("what") or "").strip()
+
+
+def prose(text: str) -> str:
+    """A config comment as Markdown text: its `<`, `*`, `_` and the like are shown, not read as markup."""
+    return re.sub(r"([\\`*_\[\]])", r"\\\1", html.escape(text, quote=False))
 
 
 def documented_keys(path: Path) -> list[tuple[str, str, str]]:
@@ -76,16 +85,8 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|")  # a table cell's own bars ("zscore | centered_rank") are text
 
 
-def key_code(key: str) -> str:
-    """A dotted key as code that wraps only after its dots (never mid-word, as "strategy.populat ion")."""
-    return "<code>" + ".<wbr>".join(html.escape(part) for part in key.split(".")) + "</code>"
-
-
 def key_table(path: Path, prefix: str = "") -> str:
-    rows = [
-        f"| {key_code(prefix + key)} | `{cell(value)}` | {cell(meaning)} |"
-        for key, value, meaning in documented_keys(path)
-    ]
+    rows = [f"| `{prefix}{key}` | `{cell(value)}` | {cell(meaning)} |" for key, value, meaning in documented_keys(path)]
     return "\n".join(["| key | default | meaning |", "| --- | --- | --- |", *rows]) if rows else "(no keys of its own)"
 
 
@@ -159,9 +160,27 @@ def experiments_reference() -> list[str]:
 
 
 def experiment_entry(path: Path) -> list[str]:
+    """Its command as a command, what it is as a paragraph, the values it sets as a table."""
     name = path.relative_to(CONF / "experiment").with_suffix("").as_posix()
-    comments = [line[1:].strip() for line in path.read_text().splitlines()[1:] if line.startswith("#")]
-    return [f"##### `+experiment={name}`", "", "```text", *comments, "```", "", key_table(path), ""]
+    comments = [line for line in path.read_text().splitlines()[1:] if line.startswith("#")]
+    found = COMMAND_LINE.match(comments[0]) if comments else None
+    command = [] if found is None else ["```bash", found.group("command"), "```", ""]
+    what = ([found.group("what") or ""] if found else []) + [c[1:].strip() for c in comments[1 if found else 0 :]]
+    return [f"##### `+experiment={name}`", "", *command, prose(" ".join(w for w in what if w)), "", key_table(path), ""]
+
+
+TABLE_CELL = re.compile(r"<t[dh]>.*?</t[dh]>", re.DOTALL)
+CELL_CODE = re.compile(r"<code>([^<]*)</code>")
+
+
+def breakable(code: re.Match[str]) -> str:
+    """Code in a table cell may wrap after its dots, slashes, underscores, commas and colons
+    (`strategy.<wbr>population`), never mid-word (as "strategy.populat ion")."""
+    return "<code>" + re.sub(r"([./_,:])(?=[^<])", r"\1<wbr>", code.group(1)) + "</code>"
+
+
+def on_page_content(html_text: str, page: Any, config: Any, files: Any) -> str:
+    return TABLE_CELL.sub(lambda cell: CELL_CODE.sub(breakable, cell.group(0)), html_text)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
