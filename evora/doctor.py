@@ -27,8 +27,8 @@ from evora.plan.fit import (
     memory_need,
     plan_memory,
 )
+from evora.plan.jobs import check_config
 from evora.plan.run_plan import build_plan, model_layout
-from evora.plan.validate import validate
 from evora.strategies import get_strategy
 
 SNAPSHOTS = BUNDLED_DIR / "hub_configs"  # configs of the shipped model configs' hub models, for offline use
@@ -196,7 +196,7 @@ def doctor(overrides: list[str]) -> int:
     if lines[-1].startswith("verdict"):
         return 2
     if locate_model(run.model.path).is_local:
-        validate(run)  # everything else the run checks before Ray
+        check_config(run)  # everything else the run checks before Ray: its data file first, then its rules
         build_plan(run)
     print("verdict      the run can start")
     return 0

@@ -23,4 +23,5 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "runs": Subcommand("runs", "list, show or clean the run folders under runs/"),
     "doctor": Subcommand("doctor", "the model, engines, layout and memory of a run, before Ray"),
     "serve": Subcommand("serve", "vLLM's OpenAI-compatible server with a run's base model and adapters by name"),
+    "data": Subcommand("data", "write a task's data file in the format it reads: evora data countdown"),
 }

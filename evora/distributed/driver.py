@@ -198,6 +198,8 @@ class Driver:
         started = self._generation_started = time.perf_counter()
         searched = self.search.step(self.state, generation)
         self.state, record = searched.state, searched.record
+        if searched.stop is not None:  # the strategy ends the run here: this generation is its last
+            self.loop.stopped = record["stop"] = searched.stop
         search_done, done = time.perf_counter(), generation + 1
         if self.budget is not None:
             self.stopping = self.budget.spent(self.loop.ledger.search_usage(searched.spend, search_done - started))
@@ -233,14 +235,20 @@ class Driver:
         return None if self.budget else self.run_cfg.generations
 
     def _ended(self) -> bool:
+        return self._last(self.done)
+
+    def _last(self, done: int) -> bool:
+        """Whether the run ends after `done` generations: the strategy ended it (Told.stop), its
+        budget is spent, or its generations are done."""
+        if self.loop.stopped is not None:
+            return True
         if self.budget is not None:
             return self.stopping
-        return self.done >= self.run_cfg.generations
+        return done >= self.run_cfg.generations
 
     def _eval_due(self, done: int) -> bool:
         every = self.run_cfg.eval_every
-        last = self.stopping if self.budget is not None else done == self.run_cfg.generations
-        return last or (every > 0 and done % every == 0)
+        return self._last(done) or (every > 0 and done % every == 0)
 
     # --- finish ---------------------------------------------------------------------
 
@@ -283,6 +291,7 @@ class Driver:
             adapters=export.adapters,
             compute=loop.ledger.summary(sum(loop.ledger.seconds.values())),
             details=export.details,
+            stopped=loop.stopped,
         )
         return final_event(summary, self.run_dir)
 

@@ -75,6 +75,7 @@ def write_run_summary(
     adapters: dict[str, str],
     compute: dict[str, Any],
     details: dict[str, Any] | None = None,
+    stopped: str | None = None,
 ) -> dict[str, Any]:
     summary = {
         "schema_version": SCHEMA_VERSION,
@@ -91,6 +92,7 @@ def write_run_summary(
         "adapters": adapters,
         "compute": compute,
         "details": details or {},
+        "stopped": stopped,  # why the strategy ended the run early (Told.stop); None: it ran its course
     }
     write_summary(run_dir, summary)
     try:

@@ -1,6 +1,7 @@
 """The run loop's own state, beside the strategy's: where the run is, what the base model and the
-last center scored, the best center so far, the compute ledger, and (full-weight strategies) the
-weight snapshots to keep. A checkpoint stores it as plain data (`to_saved` / `from_saved`)."""
+last center scored, the best center so far, the compute ledger, (full-weight strategies) the
+weight snapshots to keep, and why the strategy ended the run, once it has (`Told.stop`: a resume
+then runs no more generations). A checkpoint stores it as plain data (`to_saved` / `from_saved`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class LoopState:
     last: dict[str, float] | None = None  # the latest center's held-out metrics
     best: Best | None = None
     weight_snapshots: list[int] = field(default_factory=list)
+    stopped: str | None = None  # the strategy ended the run at next_generation, and why (Told.stop)
 
     def to_saved(self) -> dict[str, Any]:
         return {
@@ -36,6 +38,7 @@ class LoopState:
             "best": None if self.best is None else asdict(self.best),
             "compute": self.ledger.state(),
             "weight_snapshots": list(self.weight_snapshots),
+            "stopped": self.stopped,
         }
 
     @classmethod
@@ -47,4 +50,5 @@ class LoopState:
             loop["last"],
             Best(**loop["best"]) if loop["best"] else None,
             list(loop.get("weight_snapshots", [])),
+            loop.get("stopped"),  # absent from checkpoints written before strategies could stop a run
         )

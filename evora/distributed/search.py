@@ -60,6 +60,7 @@ class Searched:
     record: dict[str, Any]
     spend: Spend
     pool_events: list[PoolEvent] | None = None  # workers lost and replaced while evaluating candidates
+    stop: str | None = None  # the strategy ends the run after this generation, and why (Told.stop)
 
 
 class Search(Protocol):
@@ -125,7 +126,7 @@ class PopulationSearch:
         }
         spend = spend_of(results)
         spend.add(told.spend)
-        return Searched(told.state, record, spend, changes)
+        return Searched(told.state, record, spend, changes, told.stop)
 
     def units(self, state: Any, generation: int) -> int | None:
         specs, _ = self.parts.strategy.ask(state, generation)
@@ -159,7 +160,7 @@ class PopulationSearch:
             refined = parts.refining.refine(told.state, generation, parts.training)
             if refined is not None:  # memetic: the elite got gradient steps
                 stats, lineage = {**told.stats, **refined.stats}, told.lineage + refined.lineage
-                told = Told(refined.state, stats, lineage, refined.spend, told.records)
+                told = Told(refined.state, stats, lineage, refined.spend, told.records, told.stop or refined.stop)
         check_finite_center(generation + 1, parts.strategy.center(told.state), parts.plan.run.strategy)
         if parts.weights is not None:  # every worker applies the update to its own weights
             told.stats.update(parts.weights.to(told.state, generation + 1))
@@ -197,7 +198,7 @@ class GradientSearch:
         told = parts.strategy.improve(state, generation, self.training)
         check_finite_center(generation + 1, parts.strategy.center(told.state), parts.plan.run.strategy)
         record = {"generation": generation + 1, **told.stats, "seconds_train": time.perf_counter() - started}
-        return Searched(told.state, record, told.spend)
+        return Searched(told.state, record, told.spend, stop=told.stop)
 
     def units(self, state: Any, generation: int) -> int | None:
         return None  # trained on the driver

@@ -6,7 +6,7 @@ from __future__ import annotations
 from evora.config.schema import RunConfig
 from evora.plan.compose import compose_run, expand_jobs, overrides_of
 from evora.plan.overlay import resumed_run_config
-from evora.plan.run_plan import RunPlan, build_plan, check_environment, check_resume, fetches_from_hub
+from evora.plan.run_plan import RunPlan, build_plan, check_data, check_environment, check_resume, fetches_from_hub
 from evora.plan.validate import validate
 
 _PLANNED: dict[str, RunPlan] = {}  # the preflight's plans, each taken by the job that runs it
@@ -29,8 +29,15 @@ def job_plan(run: RunConfig, overrides: list[str], validated: bool = True) -> Ru
     if planned is not None:
         return planned
     if not validated and not resumed:
-        validate(run)
+        check_config(run)
     return build_plan(run)
+
+
+def check_config(run: RunConfig) -> None:
+    """A composed job's data file, then its rules: a file still to fetch is the first thing to fix,
+    and the rules that follow may depend on the model (task.max_tokens on model.max_model_len)."""
+    check_data(run.task)
+    validate(run)
 
 
 def preflight(argv: list[str]) -> list[RunConfig]:
@@ -40,7 +47,9 @@ def preflight(argv: list[str]) -> list[RunConfig]:
     if overrides is None:
         return []
     jobs = expand_jobs(overrides)
-    composed = [compose_run(job) for job in jobs]
+    composed = [compose_run(job, validated=False) for job in jobs]
+    for run in composed:
+        check_config(run)
     for run, job in zip(composed, jobs):
         run = job_run(run, job)
         if fetches_from_hub(run):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evora.config.checks import fail, require
-from evora.config.schema import RunConfig
+from evora.config.schema import RunConfig, TaskConfig
 from evora.engines.registry import engine_names, get_engine
 from evora.lora.layout import AdapterLayout, build_layout
 from evora.lora.modules import ModelModules, model_modules
@@ -28,7 +28,7 @@ from evora.models.parameters import count_parameters
 from evora.strategies import get_strategy
 from evora.strategies.budget import Budget, budget_of, matched_run
 from evora.strategies.registry import StrategyEntry
-from evora.tasks import build_task
+from evora.tasks import build_task, get_task
 from evora.tasks.base import AnswerTask, Splits, Task
 from evora.tasks.fitness import FitnessExpression, task_fitness
 from evora.tasks.registry import reads_hub_data
@@ -219,9 +219,7 @@ def check_resume(folder: str) -> None:
 def check_environment(run: RunConfig) -> None:
     """What the config names outside itself; a resumed run's folder is checked before its
     config is read (`plan.jobs.job_run`)."""
-    task = run.task
-    if task.data_path is not None:
-        require(Path(task.data_path).is_file(), "task.data_path", task.data_path, "file not found")
+    check_data(run.task)
     engine = run.engine
     try:  # made where missing, as each worker makes it on its node (a job's own scratch: launch/slurm.sbatch)
         Path(engine.adapter_dir).mkdir(parents=True, exist_ok=True)
@@ -233,6 +231,18 @@ def check_environment(run: RunConfig) -> None:
         rule = f"{entry.package} is not installed here; {entry.install}, or use engine={others}"
         require(module_available(entry.package), "engine", engine.name, rule)
     check_writable("resume" if run.resume else "tracking.out_dir", run.resume or run.tracking.out_dir)
+
+
+def check_data(task: TaskConfig) -> None:
+    """task.data_path names a file; when not, the line says where the task's data comes from
+    (its registry entry's `data_source`). The preflight asks this before `validate`: a missing file
+    is the first thing to fix, whatever rules the model's limits break."""
+    path = task.data_path
+    if path is None or Path(path).is_file():
+        return
+    looked_in = "" if Path(path).is_absolute() else f" (looked for in {Path.cwd()})"
+    source = get_task(task.name).data_source
+    raise fail("task.data_path", path, f"file not found{looked_in}" + (f"; {source}" if source else ""))
 
 
 def module_available(name: str) -> bool:

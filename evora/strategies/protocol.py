@@ -131,13 +131,15 @@ class Spend:
 @dataclass
 class Told:
     """What `tell` returns: the next state, scalar statistics for the logging hooks, and
-    family-tree records (lineage.jsonl), if the strategy keeps one."""
+    family-tree records (lineage.jsonl), if the strategy keeps one; `stop` when the strategy
+    ends the run after this generation (the loop then evaluates, checkpoints and finishes)."""
 
     state: Any
     stats: dict[str, float]
     lineage: list[dict[str, Any]] = field(default_factory=list)
     spend: Spend = field(default_factory=Spend)  # what it trained on (gradient strategies, refinement)
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # more JSONL files: name -> lines
+    stop: str | None = None  # why the strategy ends the run here, one line (CMA-ES's stop()); None: it goes on
 
 
 @dataclass(frozen=True)

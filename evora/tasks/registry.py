@@ -7,7 +7,7 @@ config that holds its own keys and the rules that check them:
     class CountdownConfig(TaskConfig):
         number_rule: str = "all_exactly_once"
 
-    @register_task("countdown", config=CountdownConfig, validate=check_countdown)
+    @register_task("countdown", config=CountdownConfig, validate=check_countdown, data_source="...")
     class CountdownTask: ...
 
 Hydra composes conf/task/<name>.yaml onto the config (its `defaults` start with `<name>_schema`),
@@ -37,6 +37,7 @@ class TaskEntry:
     config: type[TaskConfig] = TaskConfig  # the task's keys: TaskConfig's and its own
     validate: Callable[[Any], None] | None = None  # (task config) -> None; raises ConfigError
     hub_data: bool = False  # its data comes from the hub unless task.data_path is set
+    data_source: str | None = None  # where a task.data_path file comes from: said when it is not found
 
     def check(self, cfg: TaskConfig) -> None:
         """The config is the task's type, and its own rules hold."""

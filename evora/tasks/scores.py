@@ -70,6 +70,10 @@ class RewardCounts:
     def failures(self) -> int:
         return self.errors + self.timeouts + self.invalid
 
+    def by_kind(self) -> dict[str, int]:
+        """Failed calls by how they failed (TIMEOUT, ERROR, INVALID)."""
+        return {TIMEOUT: self.timeouts, ERROR: self.errors, INVALID: self.invalid}
+
     def record(self) -> dict[str, int]:
         """The keys metrics.jsonl holds."""
         return {"reward_errors": self.errors, "reward_timeouts": self.timeouts, "reward_invalid": self.invalid,

@@ -50,6 +50,13 @@ def generation_line(s: Event, extra: tuple[tuple[str, str], ...] = ()) -> str:
     return f"gen {s['generation']:>4}{of}{population}{heldout}{own}  {s['seconds']:.1f}s{speed}"
 
 
+def stop_line(s: Event) -> str | None:
+    """One line when the strategy ends the run after this generation (Told.stop: its reason)."""
+    if s.get("stop") is None:
+        return None
+    return f"the strategy ends the run after generation {s['generation']}: {s['stop']}"
+
+
 def members_report(start: Event) -> bool:
     """Whether the run's members report themselves. The start event's optional `population` is part
     of its contract: a strategy that runs its own job (a registry `runner`) and trains its members
@@ -141,6 +148,9 @@ class ConsoleProgress:
             for change in event.get("pool_events", ()):
                 self.console.print(pool_line(change))
             self.console.print(generation_line(event, self.extra))
+            stop = stop_line(event)
+            if stop is not None:
+                self.console.print(stop)
             if self.task is not None:
                 self.progress.update(self.task, completed=event["generation"])
         elif kind == "final":

@@ -54,7 +54,8 @@ RUNS = {
     "ga": (*TINY_RUN, "+experiment=quickstart/ga", "strategy.population=8"),
     "snes": (*TINY_RUN, "+experiment=quickstart/snes", "strategy.population=8"),
     "pgpe": (*TINY_RUN, "+experiment=quickstart/pgpe", "strategy.population=8"),
-    "merge": (*TINY_RUN, "+experiment=quickstart/merge", "strategy.population=8"),
+    # restart: at the default (stop) CMA-ES says tolflatfitness at generation 5, before the driver's kill
+    "merge": (*TINY_RUN, "+experiment=quickstart/merge", "strategy.population=8", "strategy.on_cma_stop=restart"),
     # Every round distils on the driver: a restarted driver retrains from the checkpointed adapter.
     "randopt": (*TINY_RUN, "+experiment=quickstart/randopt", "strategy.population=8", "strategy.top_k=2"),
     # Snapshots every 3 generations: its workers killed after generation 4 or 5, their

@@ -83,6 +83,23 @@ def test_hostile_user_rewards_are_bounded_counted_and_the_run_finishes():
     assert (run_dir / "eval" / "summary.json").is_file()
 
 
+def test_a_reward_that_always_times_out_stops_the_run_naming_the_reward_and_its_deadline():
+    """Every reward of the base model's held-out evaluation passes its deadline: the run stops there,
+    before any search, naming the reward and task.reward_timeout_s, not the strategy's settings."""
+    out = fresh_out()
+    reward = "hostile_rewards:sleeps_forever"
+    args = ["+experiment=quickstart/es", "engine=hf", "hardware.num_workers=1", "generations=1", "task.eval_size=2"]
+    args += [f"task.reward={reward}", "task.reward_timeout_s=1", f"tracking.out_dir={out}"]
+    # A Ray of its own, as the hostile rewards above: the shared head's workers do not import from tests/
+    result = run_evora(args, cwd=out, env={"PYTHONPATH": TESTS})
+    stopped = f"heldout evaluation after generation 0: all 4 rewards from task.reward={reward} failed (4 timeouts)"
+    line = one_error_line(result, 1, stopped)
+    assert "task.reward_timeout_s=1, each call's deadline" in line and "strategy." not in line
+    assert "held-out reward: base model" not in result.stdout  # stopped before the start event
+    run_dir = only_run_dir(out)
+    assert not read_metrics(run_dir) and not (run_dir / "checkpoints" / "latest.pt").exists()
+
+
 # --- non-finite numbers ---------------------------------------------------------------------
 
 

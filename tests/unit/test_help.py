@@ -30,7 +30,7 @@ def test_help_explains_the_tool():
     assert text.count("\n  evora ") >= 3  # example command lines
 
 
-@pytest.mark.parametrize("sub", ["eval", "analyze", "compare", "runs", "serve"])
+@pytest.mark.parametrize("sub", ["eval", "analyze", "compare", "runs", "serve", "data"])
 def test_every_subcommand_has_its_own_help(sub):
     result = evora(sub, "--help")
     assert result.returncode == 0, result.stderr

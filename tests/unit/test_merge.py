@@ -177,6 +177,7 @@ class Run:
         ),
         ({"bounds": [0.5, 1.0]}, 8, "strategy.bounds=[0.5, 1.0]: must hold the initial weight 0.333333"),
         ({"granularity": "module"}, 8, "strategy.granularity"),
+        ({"on_cma_stop": "pause"}, 8, 'strategy.on_cma_stop="pause": allowed: stop, restart'),
     ],
 )
 def test_bad_merges_fail_in_one_line(sources, overrides, rank, message):
@@ -190,3 +191,84 @@ def test_bad_merges_fail_in_one_line(sources, overrides, rank, message):
 def test_an_adapter_on_modules_the_run_leaves_out_is_refused(sources):
     with pytest.raises(ConfigError, match=r'strategy.adapters\[0\]=".*": adapts .*q_proj.*, which lora.target_modules'):
         load_sources(sources, layout(8, 8.0, targets=("down_proj",)))
+
+
+# --- when CMA-ES says stop --------------------------------------------------------------------
+
+
+def cma_driven_directly(population: int, seed: int = 0, start=None, key=None) -> cma.CMAEvolutionStrategy:
+    """CMA-ES with the strategy's options, told and asked here (pycma's own loop)."""
+    generator = np.random.default_rng(noise_key(seed, "merge") if key is None else key)
+    options = {"seed": math.nan, "randn": lambda *s: generator.standard_normal(s), "popsize": population, "verbose": -9}
+    return cma.CMAEvolutionStrategy([1 / 3] * 3 if start is None else start, 0.2, options)
+
+
+def flat_after_first(weights: np.ndarray, generation: int) -> np.ndarray:
+    """Generation 0 ranked; after it every candidate of a generation ties (a fitness that cannot rank
+    them), at a value that differs from generation to generation."""
+    return objective(weights) if generation == 0 else np.full(len(weights), 0.1 * generation)
+
+
+def test_a_constant_fitness_ends_the_run_with_cmas_reason_after_its_first_generation(sources):
+    _, strategy, state = merge_state(sources, population=6)
+    direct = cma_driven_directly(6)
+    specs, payload = strategy.ask(state, 0)
+    direct.tell(direct.ask(), [0.0] * 6)
+    told = strategy.tell(state, specs, fitness_results(0, np.zeros(6)))
+    reasons = direct.stop()
+    assert "tolfun" in reasons  # what pycma itself says of a constant fitness
+    expected = ", ".join(f"{name}={value}" for name, value in reasons.items())
+    assert told.stop is not None and f"CMA-ES's stop() says {expected} " in told.stop
+    assert told.records["merge_weights.jsonl"][0]["cma_stop"] == expected
+
+
+def test_candidates_tied_in_two_generations_running_stop_on_tolflatfitness(sources):
+    _, strategy, state = merge_state(sources, population=6)
+    direct = cma_driven_directly(6)
+    stops = []
+    for generation in range(3):
+        specs, payload = strategy.ask(state, generation)
+        assert np.array_equal(payload.weights, direct.ask())
+        fitness = flat_after_first(payload.weights, generation)
+        direct.tell(payload.weights, list(-fitness))
+        told = strategy.tell(state, specs, fitness_results(generation, fitness))
+        state, reasons = told.state, direct.stop()
+        stops.append(told.stop)
+        assert (told.stop is None) == (not reasons)
+    # pycma tolerates one flat generation; the generations' best differ, so no tolfun
+    assert stops[:2] == [None, None] and "says tolflatfitness=1 (" in stops[2]
+
+
+def test_a_ranked_fitness_does_not_stop(sources):
+    _, strategy, state = merge_state(sources, population=6)
+    for generation in range(10):
+        specs, payload = strategy.ask(state, generation)
+        told = strategy.tell(state, specs, fitness_results(generation, objective(payload.weights)))
+        assert told.stop is None, told.stop
+        state = told.state
+
+
+def test_a_restart_is_a_fresh_cma_from_the_mean_and_a_resume_replays_it_exactly(sources):
+    cfg, strategy, state = merge_state(sources, population=6, on_cma_stop="restart")
+    asked, means, reasons = [], [], []
+    for generation in range(6):
+        specs, payload = strategy.ask(state, generation)
+        asked.append(payload.weights)
+        told = strategy.tell(state, specs, fitness_results(generation, flat_after_first(payload.weights, generation)))
+        assert told.stop is None  # restarted instead
+        state = told.state
+        means.append(state.mean)
+        reasons.append(told.records["merge_weights.jsonl"][0]["cma_stop"])
+    # the first restart after tolflatfitness (generation 3, as above); then a restart after each tied
+    # generation, each new CMA-ES's first (tolfun: one generation's history, flat)
+    assert state.restarts == [3, 4, 5, 6] and told.stats["cma_restarts"] == 4
+    assert reasons[:2] == [None, None] and "tolflatfitness=1" in reasons[2] and "tolfun=" in reasons[3]
+    # the first restart: CMA-ES from the mean after generation 3, the initial sigma, a generator of its own
+    fresh = cma_driven_directly(6, start=means[2], key=noise_key(0, "merge", 1))
+    assert np.array_equal(asked[3], fresh.ask()) and not np.array_equal(asked[3], cma_driven_directly(6).ask())
+    # a resumed driver (the checkpoint's fields) replays the tells and restarts to the same asks
+    for generation in range(7):
+        told_so_far = {"told": state.told[:generation], "restarts": [r for r in state.restarts if r <= generation]}
+        partial = MergeState(**{**state_fields(state), **told_so_far})
+        weights = Merge(cfg, 0).ask(partial, generation)[1].weights
+        assert np.array_equal(weights, asked[generation] if generation < 6 else strategy.ask(state, 6)[1].weights)

@@ -10,7 +10,7 @@ register_strategy(
     summary="evolutionary merging of existing LoRA adapters: CMA-ES over their weights (the cma package)",
     validate=check_merge,
     center="merged",
-    report_keys=("adapters", "population", "sigma", "granularity", "combine", "bounds", "l1"),
+    report_keys=("adapters", "population", "sigma", "granularity", "combine", "bounds", "l1", "on_cma_stop"),
     console_keys=(("cma_sigma", "cma sigma"),),
 )(Merge)
 

@@ -8,6 +8,8 @@ from typing import Any, List, Optional
 from evora.config.checks import choice, require
 from evora.strategies.merge.sources import COMBINES, GRANULARITIES, check_sources
 
+STOP, RESTART = "stop", "restart"  # strategy.on_cma_stop: what the run does when CMA-ES's stop() says so
+
 
 @dataclass(frozen=True)
 class MergeConfig:
@@ -20,6 +22,7 @@ class MergeConfig:
     combine: str = "concat"  # concat: sum_i w_i B_i A_i exactly (rank sum r_i) | lorahub: (sum w_i B_i)(sum w_i A_i)
     bounds: Optional[List[float]] = None  # [low, high] for every weight (LoraHub's: [-1.5, 1.5]); None: unbounded
     l1: float = 0.0  # fitness - l1 * mean |w| (LoraHub's regulariser: 0.05)
+    on_cma_stop: str = STOP  # stop: the run ends there | restart: a fresh CMA-ES from the mean, at the initial sigma
 
 
 def check_merge(cfg: MergeConfig, run: Any = None) -> None:
@@ -32,6 +35,7 @@ def check_merge(cfg: MergeConfig, run: Any = None) -> None:
     require(cfg.sigma > 0, "strategy.sigma", cfg.sigma, "must be > 0")
     choice("strategy.granularity", cfg.granularity, GRANULARITIES)
     choice("strategy.combine", cfg.combine, COMBINES)
+    choice("strategy.on_cma_stop", cfg.on_cma_stop, (STOP, RESTART))
     require(cfg.l1 >= 0, "strategy.l1", cfg.l1, "must be >= 0")
     if cfg.bounds is not None:
         bounds = list(cfg.bounds)

@@ -36,11 +36,32 @@ PLAIN_TEMPLATE = (
     "User: {prompt}\nAssistant: "
 )
 RESPONSE_PREFIX = "Let me solve this step by step.\n<think>"
+# Each record's `context` in the ES paper's countdown.json: this, the instruction (its numbers as
+# numpy prints an array, "[ 9  8 99]") and the response prefix, with nothing between them.
+PAPER_SYSTEM = (
+    "You are a helpful assistant. You first think about the reasoning process in your mind and then provide "
+    "the user with the answer."
+)
+PAPER_REPOSITORY = "github.com/VsonicV/es-fine-tuning-paper"
+PAPER_FILE = "countdown/data/countdown.json"  # in PAPER_REPOSITORY
+DATA_SOURCE = f"the ES paper's file is {PAPER_FILE} in {PAPER_REPOSITORY}; or write one: evora data countdown"
 
 
 def countdown_prompt(numbers: list[int], target: int) -> str:
     """The full plain-text prompt (template, instruction and response prefix)."""
     return PLAIN_TEMPLATE.format(prompt=INSTRUCTION.format(numbers=numbers, target=target)) + RESPONSE_PREFIX
+
+
+def paper_numbers(numbers: list[int]) -> str:
+    """Numbers as the paper's contexts print them: numpy's array format, each right-aligned to the widest."""
+    width = max(len(str(n)) for n in numbers)
+    return "[" + " ".join(str(n).rjust(width) for n in numbers) + "]"
+
+
+def paper_context(numbers: list[int], target: Any) -> str:
+    """A record's `context` as the paper's countdown.json writes it."""
+    instruction = INSTRUCTION.format(numbers=paper_numbers(numbers), target=target_text(target))
+    return PAPER_SYSTEM + instruction + RESPONSE_PREFIX
 
 
 def generate_problem(
@@ -105,7 +126,7 @@ def check_countdown(cfg: CountdownConfig) -> None:
     choice("task.answer_block", cfg.answer_block, ANSWER_BLOCKS)
 
 
-@register_task("countdown", config=CountdownConfig, validate=check_countdown)
+@register_task("countdown", config=CountdownConfig, validate=check_countdown, data_source=DATA_SOURCE)
 class CountdownTask:
     """Reward in [0, 1.1]: 0.1 x format score (0 to 1) + 1.0 for a correct answer."""
 
