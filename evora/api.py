@@ -38,7 +38,21 @@ EXIT_ERRORS: dict[int, type[EvoraError]] = {1: RunError, 2: ConfigError}
 @dataclass(frozen=True)
 class Run:
     """A run folder, read: its config, its status, its summary (None until the run finished),
-    its per-generation records as a table, and its exports by name (adapters and model folders)."""
+    its per-generation records as a table, and its exports by name (adapters and model folders).
+
+    Attributes:
+        path: The run folder, absolute.
+        config: The run's resolved config, as its `config.yaml` saved it (secrets redacted).
+        status: `finished` (it has `eval/summary.json`), `running` (a live process holds its
+            lock) or `crashed` (neither: stopped before its end; `resume=<path>` goes on), as
+            `evora runs list` says.
+        summary: `eval/summary.json`: base, final and best held-out metrics, the best's
+            generation, compute, exports; None until the run finished.
+        metrics: `metrics.jsonl`, one row per generation (reward statistics, timings,
+            tokens, compute, held-out metrics where evaluated); empty before the first.
+        adapters: The exports by name (`best`, the center's, `model` for full weights), each
+            the absolute path of its folder; empty until the run finished.
+    """
 
     path: Path
     config: RunConfig

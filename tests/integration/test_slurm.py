@@ -4,7 +4,9 @@ slurm.conf of their own, on free ports; one node, and two nodes, each a slurmd i
 namespace of its own. The batch script starts a Ray head as a job step (and a Ray worker on each
 other node), runs evora on it and ends; a job cancelled with scancel mid-run leaves a run that
 `resume=<run>` through the same script finishes, every generation logged once, beside a second
-job on the same node; a run on two nodes has an engine worker on each."""
+job on the same node; a run on two nodes has an engine worker on each. The one-node cluster's node
+has 8 GPUs as SLURM sees them (files standing in for their devices: enough to place a GPU job and
+to check its options, not to run on), for the GPU example, launch/slurm_gpu.sbatch."""
 
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from evora.tracking.metrics import read_metrics
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "launch" / "slurm.sbatch"
+GPU_EXAMPLE = ROOT / "launch" / "slurm_gpu.sbatch"
+GPUS = 8  # the one-node cluster's, as SLURM counts them
 BIN = Path(sys.executable).parent  # evora and ray beside this Python
 # engine=hf: the batch script, Ray's start on SLURM and resume are the point, not the engine.
 RUN = (
@@ -39,15 +43,19 @@ RUN = (
 )
 
 
-def slurm_conf(folder: Path, controller: str, nodes: list[tuple[str, str | None]]) -> str:
+def slurm_conf(folder: Path, controller: str, nodes: list[tuple[str, str | None]], gpus: int) -> str:
     """Job ids start at random: folders named by another session's job ids (which a failed run
     may have left on this machine) are not this session's. `nodes`: (name, address or None)."""
     node_lines = "\n".join(
-        f"NodeName={name}" + (f" NodeAddr={address}" if address else "") + f" CPUs={os.cpu_count()} RealMemory=1000"
-        " State=UNKNOWN"
+        f"NodeName={name}"
+        + (f" NodeAddr={address}" if address else "")
+        + f" CPUs={os.cpu_count()} RealMemory=1000"
+        + (f" Gres=gpu:{gpus}" if gpus else "")
+        + " State=UNKNOWN"
         for name, address in nodes
     )
     return f"""ClusterName=evora-test
+GresTypes=gpu
 FirstJobId={random.randrange(10**5, 10**7)}
 SlurmctldHost={controller}
 SlurmUser=root
@@ -85,19 +93,27 @@ def require_slurm() -> None:
         pytest.skip("SLURM is not installed, and this machine has no apt-get as root to install it")
 
 
-def start_cluster(folder: Path, controller: str, nodes: list[tuple[str, str | None]], slurmd: list[list[str]]) -> dict:
+def start_cluster(
+    folder: Path, controller: str, nodes: list[tuple[str, str | None]], slurmd: list[list[str]], gpus: int = 0
+) -> dict:
     """munged, slurmctld and a slurmd per node (`slurmd`: each one's command, before its
-    options) for a cluster of its own in `folder`; the environment a SLURM client needs."""
+    options) for a cluster of its own in `folder`, each node with `gpus` GPUs as SLURM sees them
+    (slurmd lists a GPU only with a device file: empty files stand in); the environment a SLURM
+    client needs."""
     (folder / "state").mkdir()
     for name, _ in nodes:
         (folder / f"spool-{name}").mkdir()
+    for index in range(gpus):
+        (folder / f"gpu{index}").touch()
+    gres = [f"NodeName={name} Name=gpu File={folder}/gpu[0-{gpus - 1}]" for name, _ in nodes if gpus]
+    (folder / "gres.conf").write_text("".join(f"{line}\n" for line in gres))
     key = folder / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o600)
     munge = ["--force", f"--key-file={key}", f"--socket={folder}/munge.socket", f"--pid-file={folder}/munged.pid"]
     subprocess.run(["munged", *munge, f"--log-file={folder}/munged.log", f"--seed-file={folder}/seed"], check=True)
     conf = folder / "slurm.conf"
-    conf.write_text(slurm_conf(folder, controller, nodes))
+    conf.write_text(slurm_conf(folder, controller, nodes, gpus))
     # What a user's shell has: not the engine environment this test process set for its own engines.
     env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}
     env["SLURM_CONF"] = str(conf)
@@ -119,7 +135,7 @@ def slurm(tmp_path_factory):
     """The environment a SLURM client needs to reach this module's one-node cluster."""
     require_slurm()
     folder, host = tmp_path_factory.mktemp("slurm"), socket.gethostname()
-    env = start_cluster(folder, host, [(host, None)], [["slurmd"]])
+    env = start_cluster(folder, host, [(host, None)], [["slurmd"]], gpus=GPUS)
     yield env
     stop_cluster(folder, env)
 
@@ -188,6 +204,32 @@ def wait_until(condition, what: str, limit_s: float = 600) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.5)
+
+
+def test_the_gpu_example_is_a_valid_job_that_runs_the_batch_script_of_the_checkout(slurm, tmp_path):
+    """launch/slurm_gpu.sbatch parses, and SLURM takes its #SBATCH options (whole nodes of 8 GPUs,
+    all their memory, a time limit) for a job it could start here, while 9 GPUs a node it could not.
+    Run as SLURM runs a batch script (a copy in slurmd's spool), it finds the checkout and its venv
+    and hands launch/slurm.sbatch its default, hardware=gpu on one node, which stops in one line,
+    before Ray starts, where the job's steps get no GPU (--exclusive, none asked for); a venv that
+    is not there is one line too."""
+    assert subprocess.run(["bash", "-n", str(GPU_EXAMPLE)]).returncode == 0
+    taken = subprocess.run(["sbatch", "--test-only", str(GPU_EXAMPLE)], env=slurm, capture_output=True, text=True)
+    assert taken.returncode == 0 and "to start at" in taken.stderr, taken.stderr
+    too_many = ["sbatch", "--test-only", f"--gpus-per-node={GPUS + 1}", str(GPU_EXAMPLE)]
+    assert subprocess.run(too_many, env=slurm, capture_output=True).returncode != 0
+
+    def job(venv: Path, *flags: str) -> tuple[int, str]:
+        log = tmp_path / f"job-{venv.name}.log"
+        command = ["sbatch", "--wait", f"--output={log}", f"--chdir={tmp_path}", *flags, str(GPU_EXAMPLE)]
+        ended = subprocess.run(command, env={**slurm, "EVORA_VENV": str(venv)}, cwd=ROOT, timeout=300)
+        return ended.returncode, log.read_text()
+
+    code, log = job(BIN.parent, "--gpus-per-node=0")
+    assert code == 2 and "evora: error: hardware=gpu: the job has no GPUs" in log, log[-3000:]
+    assert "Ray head" not in log
+    code, log = job(tmp_path / "nowhere")
+    assert code == 2 and "evora: error: EVORA_HOME=" in log and "nowhere" in log, log[-3000:]
 
 
 def test_a_run_cancelled_mid_run_resumes_through_the_script_and_finishes_in_its_run_folder(slurm, tmp_path):
