@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from evora.errors import DataError
+from evora.errors import DataError, hub_error
 
 Located = tuple[dict[str, Any], str]  # (record, where)
 
@@ -82,12 +82,9 @@ def hub_records(dataset: str, config: str | None, splits: Iterable[str]) -> dict
         from datasets import load_dataset
 
         loaded = {split: load_dataset(dataset, config, split=split) for split in splits}
-    except Exception as error:  # offline, unknown dataset, missing split: all one message for the user
-        raise DataError(
-            f"task.dataset={dataset}: cannot load it from the hub ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); set task.data_path to a local "
-            "JSONL or parquet file instead"
-        ) from None
+    except Exception as error:  # unknown dataset or split: exit 2; the hub out of reach: exit 1
+        why = "cannot load it from the hub; set task.data_path to a local JSONL or parquet file instead"
+        raise hub_error("task.dataset", dataset, why, error) from None
     return {
         split: [(dict(row), f"{dataset}[{split}] row {i + 1}") for i, row in enumerate(rows)]
         for split, rows in loaded.items()

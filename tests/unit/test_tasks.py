@@ -244,5 +244,7 @@ def test_gsm8k_answer_without_final_number(tmp_path):
 def test_hub_data_offline_gives_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(DataError, match=r"task.dataset=evora-test/none: cannot load it from the hub.*task.data_path"):
-        task("gsm8k", dataset="evora-test/none").splits()
+    with pytest.raises(
+        ConfigError, match=r'task.dataset="evora-test/none": cannot load it from the hub.*task.data_path'
+    ):
+        task("gsm8k", dataset="evora-test/none").splits()  # offline and not cached: bad input, exit 2

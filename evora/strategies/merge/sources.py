@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 
 from evora.config.checks import fail, require
-from evora.errors import ConfigError
+from evora.errors import ConfigError, hub_error
 from evora.lora.layout import AdapterLayout
 from evora.lora.peft_io import CONFIG_FILE, WEIGHTS_FILE, load_adapter_tensors, read_adapter_config
 from evora.models import BUNDLED_DIR, BUNDLED_PREFIX
@@ -44,8 +44,8 @@ def resolve_source(entry: str, key: str) -> Path:
 
     try:
         folder = Path(snapshot_download(entry, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE]))
-    except Exception as error:  # offline, missing, gated: one line, whichever
-        raise fail(key, entry, f"not a local folder, and the hub gave no adapter ({type(error).__name__})") from None
+    except Exception as error:  # missing or gated: exit 2; the hub out of reach: exit 1
+        raise hub_error(key, entry, "not a local folder, and the hub gave no adapter", error) from None
     require(is_adapter(folder), key, entry, f"the hub repository has no {WEIGHTS_FILE}")
     return folder
 
