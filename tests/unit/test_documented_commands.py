@@ -1,5 +1,8 @@
-"""Every `evora ...` command printed in README.md, in the docs site's pages (docs/) and at the top
-of every conf/ file composes and validates (docs/architecture.md, "Configuration")."""
+"""Every `evora ...` command printed in README.md, in the docs site's pages (docs/), at the top
+of every conf/ file, in launch/'s and k8s/'s files and in examples/ composes and validates
+(docs/architecture.md, "Configuration"), and runs the model its label names: a run called after a
+shipped model config (`model.name`, so its run name and `evora compare`'s grouping) runs that
+config's `model.path`, and a shipped config's checkpoint runs under its own name."""
 
 import re
 import shlex
@@ -7,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from evora.commands import evaluate
 from evora.plan.compose import CONF_DIR
@@ -35,17 +39,67 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 def readme_commands() -> list[str]:
     """The commands of README.md and of the docs' pages."""
-    commands = []
     lines = [line for document in DOCUMENTS for line in shell_block_lines(document.read_text())]
-    for line in lines:
-        line = line.split(" #")[0].strip()
-        line = line.split(" -- ", 1)[1] if " -- evora" in line else line  # ray job submit ... -- evora
-        line = line.removeprefix(".venv/bin/")
-        line = launch_script_as_evora(line) or line
-        line = line.replace("evora doctor ", "evora ", 1)  # doctor takes a run's overrides
-        if re.match(r"^(\w+=\S+ )*evora( |$)", line) and not re.match(r"^evora (analyze|runs|compare|serve)\b", line):
-            commands.append(line)  # analyze/runs/compare/serve take folders, not config: the CLI tests run them
+    return [command for command in map(evora_command, lines) if command is not None]
+
+
+def evora_command(line: str) -> str | None:
+    """The evora command a shell line runs (a launch script's, `ray job submit ... -- evora`,
+    `evora doctor`'s as a run's), or None: another program, a shell variable's expansion, or a
+    command that takes folders or files, not config (analyze/runs/compare/serve/data: their own tests run them)."""
+    line = line.split(" #")[0].strip()
+    line = line.split(" -- ", 1)[1] if " -- evora" in line else line  # ray job submit ... -- evora
+    line = line.removeprefix(".venv/bin/")
+    line = launch_script_as_evora(line) or line
+    line = line.replace("evora doctor ", "evora ", 1)  # doctor takes a run's overrides
+    if "$" in line or not re.match(r"^(\w+=\S+ )*evora( |$)", line):
+        return None
+    return None if re.match(r"^evora (analyze|runs|compare|serve|data)\b", line) else line
+
+
+SCRIPTS = sorted([*(ROOT / "launch").iterdir(), *(ROOT / "k8s").glob("*.yaml")])
+
+
+def script_commands() -> list[str]:
+    """What launch/'s scripts and k8s/'s manifests document: their usage comments and usage text,
+    a RayJob's `entrypoint:`."""
+    commands = []
+    for path in SCRIPTS:
+        for line in path.read_text().splitlines():
+            text = line.strip().lstrip("#").strip().removeprefix("entrypoint:").strip()
+            command = evora_command(text)
+            if command is not None and all("=" in w or w.startswith("-") for w in command.split()[1:]):
+                commands.append(command)  # not prose ("evora on whole SLURM nodes ...") nor a pattern ("<overrides>")
     return commands
+
+
+def example_commands() -> list[str]:
+    """The `evora ...` commands examples/' modules give in backticks, with PYTHONPATH=examples."""
+    texts = [path.read_text() for path in sorted((ROOT / "examples").rglob("*.py"))]
+    return [f"PYTHONPATH=examples {command}" for text in texts for command in re.findall(r"`(evora [^`]+)`", text)]
+
+
+# A SLURM script -> the defaults it adds, by the job's node count, unless the overrides choose them.
+SBATCH_DEFAULTS = {
+    "launch/slurm.sbatch": lambda nodes: {"hardware": "multinode"},
+    "launch/slurm_gpu.sbatch": lambda nodes: {"model": "qwen2_5_7b", "hardware": "gpu" if nodes == 1 else "multinode"},
+}
+
+
+def sbatch_as_evora(words: list[str]) -> str | None:
+    """`sbatch [flags] launch/<script>.sbatch <overrides>` -> the evora command the script runs;
+    None for a resume (it names a run folder of the user's)."""
+    script = next(w for w in words if w in SBATCH_DEFAULTS)
+    overrides = words[words.index(script) + 1 :]
+    if any(w.startswith("resume=") for w in overrides):
+        return None
+    nodes = next((int(w.split("=")[1]) for w in words if w.startswith("--nodes=")), 1)
+    defaults = [
+        f"{k}={v}"
+        for k, v in SBATCH_DEFAULTS[script](nodes).items()
+        if not any(w.startswith(k + "=") for w in overrides)
+    ]
+    return " ".join(["evora", *defaults, *overrides])
 
 
 def launch_script_as_evora(line: str) -> str | None:
@@ -54,16 +108,14 @@ def launch_script_as_evora(line: str) -> str | None:
     hardware=multinode <overrides>` (as the script runs it); None for other lines and for
     job-management calls."""
     words = line.split()
-    if words[:1] == ["sbatch"] and "launch/slurm.sbatch" in words:  # sbatch [flags] launch/slurm.sbatch <overrides>
-        overrides = words[words.index("launch/slurm.sbatch") + 1 :]
-        if any(w.startswith("resume=") for w in overrides):
-            return None  # a resume names a run folder of the user's
-        chosen = any(w.startswith("hardware=") for w in overrides)
-        return " ".join(["evora", *([] if chosen else ["hardware=multinode"]), *overrides])
+    if words[:1] == ["sbatch"] and any(w in SBATCH_DEFAULTS for w in words):
+        return sbatch_as_evora(words)
     if not words or words[0] not in ("launch/submit.sh", "launch/sweep.sh"):
         return None
     if any(w in ("--logs", "--status", "--stop", "-h", "--help") for w in words):
         return None
+    if "--" in words:  # submit.sh [flags] -- <evora's arguments, -m included>
+        return " ".join(["evora", *words[words.index("--") + 1 :]])
     overrides = [w for w in words[1:] if "=" in w and not w.startswith("-")]
     return " ".join(["evora", *(["-m"] if words[0] == "launch/sweep.sh" else []), *overrides])
 
@@ -80,10 +132,44 @@ def conf_header_commands() -> list[str]:
     return commands
 
 
+def documented_commands() -> list[str]:
+    return sorted(set(readme_commands() + conf_header_commands() + script_commands() + example_commands()))
+
+
 def test_there_are_commands_to_check():
     assert len(readme_commands()) >= 5
     assert sum(1 for c in readme_commands() if c.startswith("evora -m")) >= 2
     assert len(conf_header_commands()) >= len(list(CONF_DIR.rglob("*.yaml"))) - 3
+    assert len(script_commands()) >= 8 and any(c.startswith("evora -m") for c in script_commands())
+    assert "evora hardware=multinode tracking=wandb" in " ".join(script_commands())  # k8s/rayjob.yaml's entrypoint
+    assert len(example_commands()) >= 3
+
+
+SHIPPED_MODELS = {  # model.name -> model.path of every shipped model config
+    config["name"]: config["path"]
+    for config in (yaml.safe_load(path.read_text()) for path in sorted((CONF_DIR / "model").glob("*.yaml")))
+    if "name" in config
+}
+
+
+def mislabelled(model) -> str | None:
+    """Why a run's model label is another model's (None when it is not)."""
+    for name, path in SHIPPED_MODELS.items():
+        if model.name == name and model.path != path:
+            return f"labelled model.name={name} (conf/model/{name}.yaml: {path}) but runs model.path={model.path}"
+        if model.path == path and model.name != name:
+            return f"runs {path} (conf/model/{name}.yaml) labelled model.name={model.name}"
+    return None
+
+
+def test_the_label_check_tells_a_relabelled_checkpoint():
+    from evora.plan.compose import compose_run
+
+    experiment = "+experiment=qiu2025/countdown_llama3_2_1b_es_full"
+    assert mislabelled(compose_run([experiment, "hardware=gpu"]).model) is None
+    relabelled = compose_run([experiment, "model.path=meta-llama/Llama-3.2-3B-Instruct", "hardware=gpu"]).model
+    assert "labelled model.name=llama3_2_1b" in mislabelled(relabelled)
+    assert "labelled model.name=tiny" in mislabelled(compose_run(["model.path=Qwen/Qwen2.5-7B-Instruct"]).model)
 
 
 # evora eval's own options (evora.commands.evaluate.EVAL_OPTIONS), as a prefix each.
@@ -142,7 +228,7 @@ def substitute(argv: list[str], placeholders: dict[str, str]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("command", sorted(set(readme_commands() + conf_header_commands())))
+@pytest.mark.parametrize("command", documented_commands())
 def test_documented_command_composes(command, monkeypatch, placeholders):
     words = shlex.split(command)
     while "=" in words[0]:  # environment assignments, e.g. PYTHONPATH=examples
@@ -155,4 +241,6 @@ def test_documented_command_composes(command, monkeypatch, placeholders):
     argv = [a for a in argv if not a.startswith("resume=")]  # resume needs a real run folder
     argv = substitute(argv, placeholders)
     monkeypatch.chdir(ROOT)
-    assert preflight(argv) or "--cfg" in argv
+    composed = preflight(argv)
+    assert composed or "--cfg" in argv
+    assert [problem for problem in (mislabelled(run.model) for run in composed) if problem] == []
