@@ -82,11 +82,22 @@ def parsed_keys(path: Path) -> list[tuple[str, str | None, str]]:
 
 
 def cell(text: str) -> str:
-    return text.replace("|", "\\|")  # a table cell's own bars ("zscore | centered_rank") are text
+    """Text in a table cell: its bars ("zscore | centered_rank") are text, not the cell's end."""
+    return text.replace("|", "\\|")
+
+
+def meaning_cell(comment: str) -> str:
+    """A key's comment as a table cell: its text as written (`runs/<date>_<time>` is no HTML tag and
+    no emphasis), its backticked spans as code."""
+    parts = re.split(r"(`[^`]*`)", comment)
+    return cell("".join(part if part.startswith("`") else prose(part) for part in parts))
 
 
 def key_table(path: Path, prefix: str = "") -> str:
-    rows = [f"| `{prefix}{key}` | `{cell(value)}` | {cell(meaning)} |" for key, value, meaning in documented_keys(path)]
+    rows = [
+        f"| `{prefix}{key}` | `{cell(value)}` | {meaning_cell(meaning)} |"
+        for key, value, meaning in documented_keys(path)
+    ]
     return "\n".join(["| key | default | meaning |", "| --- | --- | --- |", *rows]) if rows else "(no keys of its own)"
 
 
