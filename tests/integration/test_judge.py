@@ -183,5 +183,6 @@ def test_a_judge_that_answers_no_score_is_counted_and_stops_the_run(judge_port):
     result = judged(out, judge_port, "generations=2", "task.judge.score_pattern=NOSCORE")
     errors = [line for line in result.stderr.splitlines() if line.startswith("evora: error:")]
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-4000:]
-    assert "heldout evaluation after generation 0: 128 of 128 rewards" in errors[0], errors[0]
+    assert "heldout evaluation after generation 0: all 128 rewards" in errors[0], errors[0]
     assert "no score in the judge's reply" in errors[0] and f"127.0.0.1:{judge_port}/v1" in errors[0]
+    assert "128 invalid scores" in errors[0] and "task.judge.score_pattern" in errors[0]  # the kind, and its key
