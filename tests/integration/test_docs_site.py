@@ -97,6 +97,14 @@ def pages(site: Path) -> list[Path]:
     return sorted(p for p in site.rglob("*.html") if "assets" not in p.parts and p.name != "404.html")
 
 
+def test_the_site_builds_strictly_with_its_generated_parts(site):
+    """--strict (the fixture's build): a broken link, a page left out of the nav or a bad API
+    reference fails it. The generated settings tables and the API's docstrings are there."""
+    page = (site / "strategies" / "es.html").read_text()  # file names: the offline plugin's links
+    assert "strategy.<wbr>sigma" in page and "noise standard deviation" in page
+    assert "evora.api.run" in (site / "api.html").read_text()
+
+
 def test_no_page_shows_a_python_repr_or_runs_past_its_column(site, page):
     shown, problems = 0, {}
     for path in pages(site):
