@@ -120,7 +120,15 @@ def start_cluster(
     subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=env)
     for command, (name, _) in zip(slurmd, nodes):
         subprocess.run([*command, "-f", str(conf), "-N", name], check=True, env=env)
+    # Until a slurmd registers, its node's configuration is unknown and `sbatch --test-only`
+    # refuses any job that needs one ("Requested node configuration is not available").
+    wait_until(lambda: node_states(env) == ["idle"] * len(nodes), "every node's slurmd to register", 120)
     return env
+
+
+def node_states(env: dict) -> list[str]:
+    listed = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True)
+    return listed.stdout.split()
 
 
 def stop_cluster(folder: Path, env: dict) -> None:
