@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from evora.commands import SUBCOMMANDS
 from evora.commands.exits import EXIT_FAILURE, die
 from evora.errors import EvoraError
+from evora.interrupts import Terminated, install_handlers, raise_pending
 from evora.plan.compose import CONF_DIR, resolve_named_overrides, setup, to_run_config
 from evora.plan.jobs import job_plan, preflight
 from evora.strategies import entries, get_strategy
@@ -49,33 +50,11 @@ def _fail(error: BaseException, run_dir: Path) -> NoReturn:
     raise SystemExit(EXIT_FAILURE)
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so the run stops the same way."""
-
-
-# Interrupts the CLI's handlers raised. A signal that lands inside one of Ray's Cython calls can
-# be swallowed there (reported as unraisable), and the run would go on: the next event re-raises it.
-_PENDING: list[BaseException] = []
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    interrupt = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-    _PENDING.append(interrupt)
-    raise interrupt
-
-
-def _install_interrupt_handlers() -> None:
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # kept by init_ray over Ray's own handler
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the shell ignores it (background)
-        signal.signal(signal.SIGINT, _raise_interrupt)
-
-
 def _checked(on_event: OnEvent) -> OnEvent:
     """on_event that first raises an interrupt swallowed since the last event."""
 
     def handle(event: Event) -> None:
-        if _PENDING:
-            raise _PENDING[-1]
+        raise_pending()
         on_event(event)
 
     return handle
@@ -104,7 +83,7 @@ def run_job(cfg: DictConfig) -> Event:
     from evora.tracking.progress import ConsoleProgress
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    _install_interrupt_handlers()
+    install_handlers()
     try:
         # run.lock tells `evora runs` this folder is live (and keeps `runs clean` off it).
         extra = get_strategy(run.strategy.name).console_keys

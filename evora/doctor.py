@@ -198,5 +198,9 @@ def doctor(overrides: list[str]) -> int:
     if locate_model(run.model.path).is_local:
         check_config(run)  # everything else the run checks before Ray: its data file first, then its rules
         build_plan(run)
+    if run.task.reward == "judge":  # asked to score, as the run will ask it (build_plan asked for its models)
+        from evora.tasks.judge import probe_judge
+
+        print(probe_judge(run.task))
     print("verdict      the run can start")
     return 0

@@ -53,7 +53,9 @@ class JudgeConfig:
         "Question: {prompt}\n\nReference answer: {answer}\n\nResponse: {completion}\n\n"
         "Reply with the score only."
     )
-    score_pattern: str = r"-?\d+(?:\.\d+)?"  # the first match (its first group, if it has one) is the score
+    # The last match (its first group, if it has one) is the score: by default a line that is only a
+    # number, or "Score: <number>"; "7/10", "-5", "1e400", "N/A" and a number inside prose are no score.
+    score_pattern: str = r"(?im)^\s*(?:score:\s*)?(\d+(?:\.\d+)?)\s*$"
     score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])  # a score outside it is invalid
     correct_at: Optional[float] = None  # a score at least this is correct; null: the top of score_range
     choices: list[str] = field(default_factory=list)  # vLLM's structured outputs: the answer is one of these
@@ -61,7 +63,11 @@ class JudgeConfig:
     temperature: float = 0.0
     concurrency: int = 32  # requests in flight per engine worker
     retries: int = 2  # the OpenAI client's retries, with its exponential back-off (connection errors, 408, 429, 5xx)
-    timeout_s: float = 30.0  # deadline of one request (each try)
+    # Deadline of one request: connecting, the reply's last byte, its retries and their waits (Retry-After too).
+    timeout_s: float = 60.0
+    # Deadline of one scoring call (a work unit's requests, however many): those still open then fail as
+    # timeouts. Below engine.unit_timeout_s where that is set: a unit's generation and scoring share it.
+    call_timeout_s: float = 600.0
     max_error_rate: float = 0.1  # a generation whose failed share of rewards passes this stops the run
 
 

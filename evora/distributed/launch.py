@@ -14,6 +14,7 @@ from evora.distributed.driver import Driver, PlanRef
 from evora.distributed.ray_session import NAMESPACE, init_ray, started_here
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import EvoraError
+from evora.interrupts import raise_pending
 from evora.plan.run_plan import RunPlan
 from evora.tracking.events import Event, OnEvent
 from evora.tracking.run_dir import run_tag
@@ -123,11 +124,23 @@ def _await_ready(driver: Any) -> None:
             time.sleep(0.2)  # refused while restarting: ask again shortly (a poll, bounded by the deadline)
 
 
+EVENT_POLL_S = 1.0  # how often the wait on the driver's next event looks for an interrupt it swallowed
+
+
 def _stream(driver: Any, plan_ref: PlanRef, on_event: OnEvent) -> Event:
+    """The driver's events, each to on_event, until its last; the wait for each is cut into
+    polls, so SIGTERM or Ctrl-C that lands while a generation waits long (on a judge, say)
+    stops the run within a poll even where Ray's call swallowed the signal."""
     final: Event = {}
-    for ref in driver.run.options(num_returns="streaming").remote(plan_ref):
+    events = driver.run.options(num_returns="streaming").remote(plan_ref)
+    while True:
+        while not ray.wait([events], timeout=EVENT_POLL_S)[0]:
+            raise_pending()
+        try:
+            ref = next(events)
+        except StopIteration:
+            return final
         event = ray.get(ref)
         on_event(event)
         if event["kind"] == "final":
             final = event
-    return final

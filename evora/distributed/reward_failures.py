@@ -29,7 +29,8 @@ USER_FIXES: Fixes = {
 }
 BUILT_IN_FIXES: Fixes = {ERROR: "the task's reward: a bug, the first failure says where"}
 JUDGE_FIXES: Fixes = {
-    TIMEOUT: "task.judge.timeout_s={task.judge.timeout_s:g}",
+    TIMEOUT: "task.judge.timeout_s={task.judge.timeout_s:g} a request, "
+    "task.judge.call_timeout_s={task.judge.call_timeout_s:g} a unit's requests",
     ERROR: "task.judge.url: does the judge answer there?",
     INVALID: "task.judge.template and task.judge.score_pattern: no score in task.judge.score_range",
 }

@@ -162,6 +162,7 @@ def _check_judge(task: TaskConfig) -> None:
     require(judge.concurrency >= 1, "task.judge.concurrency", judge.concurrency, "must be >= 1")
     require(judge.retries >= 0, "task.judge.retries", judge.retries, "must be >= 0")
     require(judge.timeout_s > 0, "task.judge.timeout_s", judge.timeout_s, "must be > 0 (seconds)")
+    require(judge.call_timeout_s > 0, "task.judge.call_timeout_s", judge.call_timeout_s, "must be > 0 (seconds)")
     rate = judge.max_error_rate
     require(0 <= rate <= 1, "task.judge.max_error_rate", rate, "must be in [0, 1]")
 
@@ -253,6 +254,14 @@ def _check_engine(run: RunConfig) -> None:
     require(engine.max_num_seqs >= 1, "engine.max_num_seqs", engine.max_num_seqs, "must be >= 1")
     timeout = engine.unit_timeout_s
     require(timeout is None or timeout > 0, "engine.unit_timeout_s", timeout, "must be > 0 (seconds) or null")
+    judge_wait = run.task.judge.call_timeout_s
+    if run.task.reward == "judge" and timeout is not None and judge_wait >= timeout:
+        raise fail(
+            "task.judge.call_timeout_s",
+            judge_wait,
+            f"must be below engine.unit_timeout_s={timeout:g}: a unit's generation and its wait on the judge "
+            "share that deadline, and a worker past it is killed as hung (lower the one or raise the other)",
+        )
 
 
 def _check_hardware(run: RunConfig) -> None:

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
+from hostile_judge import HostileJudge, Reply
 from openai import OpenAI
 
-from conftest import SMALL, TINY, free_port, only_run_dir, run_evora, started
+from conftest import SMALL, TINY, cli_environment, evora_cmd, free_port, only_run_dir, run_evora, shared_head, started
 from evora.engines.environment import vllm_environment
 from evora.engines.vllm_spec import VLLMSpec
 from evora.plan.overlay import saved_run_config
@@ -121,7 +125,11 @@ def generations_in(out: Path) -> set[int]:
 
 
 def judged(out: Path, port: int, *overrides: str) -> subprocess.CompletedProcess:
-    return run_evora([*RUN, f"task.judge.url=http://127.0.0.1:{port}/v1", f"tracking.out_dir={out}", *overrides], out)
+    return judged_at(out, f"http://127.0.0.1:{port}/v1", *overrides)
+
+
+def judged_at(out: Path, url: str, *overrides: str) -> subprocess.CompletedProcess:
+    return run_evora([*RUN, f"task.judge.url={url}", f"tracking.out_dir={out}", *overrides], out)
 
 
 def test_a_judge_killed_mid_run_stops_it_in_one_line_and_resume_goes_on(judge_port):
@@ -186,3 +194,68 @@ def test_a_judge_that_answers_no_score_is_counted_and_stops_the_run(judge_port):
     assert "heldout evaluation after generation 0: all 128 rewards" in errors[0], errors[0]
     assert "no score in the judge's reply" in errors[0] and f"127.0.0.1:{judge_port}/v1" in errors[0]
     assert "128 invalid scores" in errors[0] and "task.judge.score_pattern" in errors[0]  # the kind, and its key
+
+
+def graded(content: str) -> Reply:
+    """A judge of our own: a score from the response's length (deterministic, so a resumed run
+    gets the scores an uninterrupted one would)."""
+    response = content.split("Response: ", 1)[1].rsplit("\n\nReply with the score only.", 1)[0]
+    return Reply(f"Score: {len(response) % 11}")
+
+
+def test_a_judge_that_stalls_ends_the_run_on_sigterm_in_seconds_and_resume_goes_on():
+    """SIGTERM while a generation waits on a judge that stopped answering (a deadline far off):
+    the run ends within seconds with the interrupted line, its last checkpoint kept; resumed
+    against the judge answering again, it finishes."""
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    stalled = threading.Event()
+
+    def reply(content: str) -> Reply:
+        if 1 in generations_in(out):  # from generation 2 on (after generation 1's checkpoint)
+            stalled.set()
+            return Reply(stall=True)
+        return graded(content)
+
+    judge = HostileJudge(reply)
+    args = [*RUN, f"task.judge.url={judge.url}", "task.judge.timeout_s=600", f"tracking.out_dir={out}"]
+    command = evora_cmd("tracking.progress=false", *args, "task.judge.choices=[]", "generations=3")
+    env = cli_environment(shared_head().environ)
+    process = subprocess.Popen(command, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert stalled.wait(600), process.stderr.read() if process.poll() is not None else "no stall"
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+        took = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:  # the test failed: nothing of the run is left behind
+            process.kill()
+        judge.close()
+    run_dir = only_run_dir(out)
+    assert process.returncode == 143 and took < 30, (took, stderr[-3000:])
+    assert re.search(rf"evora: interrupted after generation 1; resume: evora resume={re.escape(str(run_dir))}", stderr)
+    assert "Traceback" not in stderr
+
+    back = HostileJudge(graded)
+    try:
+        resumed = run_evora([f"resume={run_dir}", f"task.judge.url={back.url}"], cwd=out)
+    finally:
+        back.close()
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]
+
+
+def test_a_judge_that_trickles_its_replies_stops_the_run_by_its_deadline():
+    """Every reply a byte a second (minutes each): each request ends at task.judge.timeout_s, the
+    failures are counted, and the run stops in one line naming the judge and the key."""
+    judge = HostileJudge(lambda _: Reply("Score: 7", trickle_s=1.0))
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    started_at = time.monotonic()
+    try:
+        result = judged_at(out, judge.url, "generations=1", "task.judge.choices=[]", "task.judge.timeout_s=3")
+    finally:
+        judge.close()
+    errors = [line for line in result.stderr.splitlines() if line.startswith("evora: error:")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr[-4000:]
+    assert f"judge at {judge.url}" in errors[0] and "task.judge.timeout_s=3 a request" in errors[0], errors[0]
+    assert time.monotonic() - started_at < 300

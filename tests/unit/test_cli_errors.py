@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evora import cli
+from evora import cli, interrupts
 from evora.errors import ConfigError, RunError
 from evora.tracking.events import WorkerLost, WorkerReplaced
 from evora.tracking.progress import pool_line
@@ -66,7 +66,7 @@ def test_interrupt_names_the_saved_generation(tmp_path, capsys):
     assert capsys.readouterr().err == f"evora: interrupted; {resume}"
     atomic_save({"loop": {"next_generation": 4}}, latest_path(tmp_path))
     with pytest.raises(SystemExit) as exit_:
-        cli._interrupted(cli.Terminated(), tmp_path)
+        cli._interrupted(interrupts.Terminated(), tmp_path)
     assert exit_.value.code == 143
     assert capsys.readouterr().err == f"evora: interrupted after generation 4; {resume}"
 
@@ -82,31 +82,31 @@ def test_pool_lines():
 def test_an_interrupt_wrapped_by_a_cython_call_is_still_an_interrupt():
     try:
         try:
-            raise cli.Terminated()
-        except cli.Terminated as interrupt:
+            raise interrupts.Terminated()
+        except interrupts.Terminated as interrupt:
             raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") from interrupt
     except SystemError as wrapped:
-        assert isinstance(cli._interrupt_in(wrapped), cli.Terminated)
+        assert isinstance(cli._interrupt_in(wrapped), interrupts.Terminated)
     assert cli._interrupt_in(ValueError("plain")) is None
 
 
 def test_an_interrupt_swallowed_inside_a_call_is_raised_at_the_next_event(monkeypatch):
     import signal
 
-    monkeypatch.setattr(cli, "_PENDING", [])
+    monkeypatch.setattr(interrupts, "PENDING", [])
     seen = []
     handle = cli._checked(seen.append)
     handle({"kind": "generation"})
     try:
-        cli._raise_interrupt(signal.SIGINT, None)
+        interrupts.raise_interrupt(signal.SIGINT, None)
     except KeyboardInterrupt:
         pass  # as if some library had caught and dropped it
     with pytest.raises(KeyboardInterrupt):
         handle({"kind": "generation"})
     assert seen == [{"kind": "generation"}]
-    monkeypatch.setattr(cli, "_PENDING", [])
-    with pytest.raises(cli.Terminated):
-        cli._raise_interrupt(signal.SIGTERM, None)
+    monkeypatch.setattr(interrupts, "PENDING", [])
+    with pytest.raises(interrupts.Terminated):
+        interrupts.raise_interrupt(signal.SIGTERM, None)
 
 
 def test_the_cli_takes_sigint_only_where_the_shell_did_not_ignore_it(monkeypatch):
@@ -115,12 +115,12 @@ def test_the_cli_takes_sigint_only_where_the_shell_did_not_ignore_it(monkeypatch
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job
-        cli._install_interrupt_handlers()
+        interrupts.install_handlers()
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        assert signal.getsignal(signal.SIGTERM) is cli._raise_interrupt
+        assert signal.getsignal(signal.SIGTERM) is interrupts.raise_interrupt
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        cli._install_interrupt_handlers()
-        assert signal.getsignal(signal.SIGINT) is cli._raise_interrupt
+        interrupts.install_handlers()
+        assert signal.getsignal(signal.SIGINT) is interrupts.raise_interrupt
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -229,3 +229,14 @@ def test_an_empty_data_file_is_named_before_ray(tmp_path):
     with pytest.raises(DataError) as error:
         preflight(["task=jsonl", f"task.data_path={empty}"])
     assert str(error.value) == f"{empty}: the file is empty"
+
+
+def test_a_judges_wait_must_fit_inside_the_units_deadline():
+    """A unit's generation and its wait on the judge share engine.unit_timeout_s: a judge allowed to
+    keep a unit longer would get its worker killed as hung, with an error that names neither."""
+    judge = ["task.reward=judge", "task.judge.url=http://judge:8000/v1", "task.judge.model=judge"]
+    with pytest.raises(ConfigError) as error:
+        compose_run([*judge, "engine.unit_timeout_s=60"])
+    assert str(error.value).startswith("task.judge.call_timeout_s=600.0: must be below engine.unit_timeout_s=60")
+    compose_run([*judge, "engine.unit_timeout_s=60", "task.judge.call_timeout_s=45"])
+    compose_run(["engine.unit_timeout_s=60"])  # no judge: nothing to fit

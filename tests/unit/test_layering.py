@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tracking and engines", ("evora.tracking", "evora.engines")),
     ("strategies, tasks, training, models", ("evora.strategies", "evora.tasks", "evora.training", "evora.models")),
     ("adapters and schemas", ("evora.lora", "evora.config")),
-    ("errors and the version", ("evora.errors", "evora.version")),
+    ("errors, interrupts and the version", ("evora.errors", "evora.interrupts", "evora.version")),
 ]
 # Ray-, vLLM- and W&B-free: the maths and data (every module under these packages).
 PURE_PACKAGES = ("evora.strategies", "evora.lora", "evora.tasks", "evora.training", "evora.models", "evora.config")

@@ -93,7 +93,8 @@ def test_a_judge_over_its_budget_stops_and_names_its_keys():
         "generation 3: 2 of 4 rewards from judge at http://judge:8000/v1 failed "
         "(50%; task.judge.max_error_rate=0.25; 1 timeouts, 1 invalid scores)"
     )
-    assert "task.judge.timeout_s=30 (the timeouts)" in line and "task.judge.score_pattern" in line
+    timeouts = "task.judge.timeout_s=30 a request, task.judge.call_timeout_s=600 a unit's requests (the timeouts)"
+    assert timeouts in line and "task.judge.score_pattern" in line
     check_reward_failures([unit(counted(TIMEOUT, None, None, None))], failure_budget(task), "g")  # 25%: within
 
 
