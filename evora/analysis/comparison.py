@@ -1,13 +1,22 @@
 """Base-vs-adapter comparison on one split (the LoRALab comparison report): accuracy of
 each, improvements (base wrong, adapter right), regressions, both wrong, with the
 examples listed (sampled several times, an example is right when at least half its samples
-are; the completion shown is its first sample). Written as JSON and markdown."""
+are; the completion shown is its first sample). Written as JSON and markdown.
+
+Paired: an example whose reward failed for either side (a judge that did not answer) is
+compared for neither. It is listed as failed, never as a regression, and both sides' metrics
+are means over the examples both have. No bare NaN reaches the JSON (a failed reward is null)."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from evora.tracking.metrics import json_safe
 
 SHOWN_CHARS = 400  # completions are cut to this in the markdown (the JSON has them whole)
 
@@ -16,8 +25,18 @@ class Outcome(Protocol):  # evora.distributed.evaluate.SplitOutcome, kept struct
     rewards: Any
     correct: Any
     texts: list[str] | None
+    scored: Any  # per example: False where its reward failed; None: all scored
 
-    def metrics(self) -> dict[str, float]: ...
+    def metrics(self, kept: Any = None) -> dict[str, float]: ...
+
+
+def scored(outcome: Outcome) -> np.ndarray:
+    return np.ones(len(outcome.rewards), dtype=bool) if outcome.scored is None else np.asarray(outcome.scored)
+
+
+def finite(value: float) -> float | None:
+    """A number for JSON: None where it is NaN or infinite (a failed reward, the mean of none)."""
+    return value if math.isfinite(value) else None
 
 
 def _texts(outcome: Outcome) -> list[str]:
@@ -38,11 +57,12 @@ def _row(i: int, example: Any, base: Outcome | None, adapter: Outcome) -> dict[s
         "prompt": example.prompt,
         "answer": example.answer,
         "adapter": _texts(adapter)[i],
-        "adapter_reward": float(adapter.rewards[i]),
+        "adapter_reward": finite(float(adapter.rewards[i])),
         "adapter_correct": right(adapter.correct[i]),
     }
     if base is not None:
-        row.update(base=_texts(base)[i], base_reward=float(base.rewards[i]), base_correct=right(base.correct[i]))
+        base_reward = finite(float(base.rewards[i]))
+        row.update(base=_texts(base)[i], base_reward=base_reward, base_correct=right(base.correct[i]))
     return row
 
 
@@ -60,16 +80,23 @@ def build_report(
     if base is None:
         report["rows"] = rows
         return report
+    both = scored(base) & scored(adapter)
+    compared = [r for r in rows if both[r["index"]]]
     groups = {
-        "improvements": [r for r in rows if r["adapter_correct"] and not r["base_correct"]],
-        "regressions": [r for r in rows if r["base_correct"] and not r["adapter_correct"]],
-        "both_wrong": [r for r in rows if not r["base_correct"] and not r["adapter_correct"]],
-        "both_right": [r for r in rows if r["base_correct"] and r["adapter_correct"]],
+        "improvements": [r for r in compared if r["adapter_correct"] and not r["base_correct"]],
+        "regressions": [r for r in compared if r["base_correct"] and not r["adapter_correct"]],
+        "both_wrong": [r for r in compared if not r["base_correct"] and not r["adapter_correct"]],
+        "both_right": [r for r in compared if r["base_correct"] and r["adapter_correct"]],
+        "failed": [r for r in rows if not both[r["index"]]],  # a reward of either side failed
     }
-    report["base_metrics"] = base.metrics()
+    report["adapter_metrics"] = adapter.metrics(kept=both)
+    report["base_metrics"] = base.metrics(kept=both)
     report["counts"] = {name: len(group) for name, group in groups.items()}
     report.update(groups)
     return report
+
+
+LISTED = {"improvements": "Improvements", "regressions": "Regressions", "both_wrong": "Both wrong", "failed": "Failed"}
 
 
 def _cut(text: str) -> str:
@@ -96,10 +123,11 @@ def markdown(report: dict[str, Any]) -> str:
         f"Improvements (base wrong, adapter right): {counts['improvements']}  ",
         f"Regressions (base right, adapter wrong): {counts['regressions']}  ",
         f"Both wrong: {counts['both_wrong']}  ",
-        f"Both right: {counts['both_right']}",
+        f"Both right: {counts['both_right']}  ",
+        f"Failed (a reward of either side failed; compared for neither): {counts['failed']}",
         "",
     ]
-    for name, title in (("improvements", "Improvements"), ("regressions", "Regressions"), ("both_wrong", "Both wrong")):
+    for name, title in LISTED.items():
         lines += [f"## {title} ({counts[name]})", ""]
         if report[name]:
             lines += ["| # | prompt | answer | base model | adapter |", "| --- | --- | --- | --- | --- |"]
@@ -116,6 +144,6 @@ def write_reports(report: dict[str, Any], out_dir: str | Path, stem: str = "comp
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     json_path, md_path = folder / f"{stem}.json", folder / f"{stem}.md"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    json_path.write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
     md_path.write_text(markdown(report))
     return md_path, json_path

@@ -170,7 +170,7 @@ def _print_eval(report: dict[str, Any]) -> None:
             f"{report['split']} accuracy: base model {base['accuracy']:.3f} -> "
             f"adapter {adapter_metrics['accuracy']:.3f}"
             f" ({counts['improvements']} improvements, {counts['regressions']} regressions, "
-            f"{counts['both_wrong']} both wrong, of {report['examples']})"
+            f"{counts['both_wrong']} both wrong, {counts['failed']} failed rewards, of {report['examples']})"
         )
     else:
         print(f"{report['split']}: " + ", ".join(f"{k} {v:.3f}" for k, v in adapter_metrics.items()))

@@ -4,6 +4,7 @@ matrices, and the compute both spent."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -155,25 +156,34 @@ class SplitOutcome:
     k: int = 1  # the k of the pass@k it reports (task.eval_k)
     scored: np.ndarray | None = None  # per example: False where its reward failed (left out); None: all scored
 
-    def metrics(self) -> dict[str, float]:
-        """Means over the examples whose rewards were scored; sampled several times, the accuracy
-        is pass@1 (the mean over samples) and pass_at_1 and pass_at_<k> are reported (the
-        unbiased estimator)."""
-        kept = self.scored if self.scored is not None else np.ones(len(self.rewards), dtype=bool)
+    def metrics(self, kept: np.ndarray | None = None) -> dict[str, float]:
+        """Means over the examples whose rewards were scored (and, given `kept`, that it keeps: a
+        comparison's examples both sides scored); sampled several times, the accuracy is pass@1
+        (the mean over samples) and pass_at_1 and pass_at_<k> are reported (the unbiased
+        estimator). Of no example: NaN."""
+        every = np.ones(len(self.rewards), dtype=bool)
+        among = every if kept is None else np.asarray(kept, dtype=bool)
+        kept = among & (self.scored if self.scored is not None else every)
         out = {
-            "reward": float(self.rewards[kept].mean()),
-            "accuracy": float(self.correct[kept].mean()),
-            "tokens": float(self.tokens[kept].mean()),
+            "reward": _mean(self.rewards[kept]),
+            "accuracy": _mean(self.correct[kept]),
+            "tokens": _mean(self.tokens[kept]),
         }
-        if self.perplexity is not None:
-            out["perplexity"] = float(self.perplexity.mean())
+        if self.perplexity is not None:  # no reward in it: over every example `kept` keeps
+            out["perplexity"] = _mean(self.perplexity[among])
         if self.kl is not None:
-            out["kl"] = float(self.kl.mean())
+            out["kl"] = _mean(self.kl[among])
+        if failed := int((among & ~kept).sum()):  # left out: a reward failed (held-out failures in metrics.jsonl)
+            out["reward_failed"] = failed
         if self.correct_counts is not None:
             for k in sorted({1, self.k}):
                 estimates = [pass_at_k(self.samples, int(c), k) for c in self.correct_counts[kept]]
                 out[f"pass_at_{k}"] = float(np.mean(estimates))
         return out
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if len(values) else math.nan  # without numpy's empty-slice warning
 
 
 def sampled_counts(results: list[UnitResult], row: int) -> np.ndarray | None:
@@ -215,7 +225,7 @@ def evaluate_split(
     check_reward_failures(results, failure_budget, f"{split} evaluation after generation {generation}")
     if spend is not None:
         spend.add(spend_of(results))
-    outcomes = {}
+    outcomes, paired = {}, paired_scored(results, len(ops))
     for row, op in enumerate(ops):
         outcomes[op] = SplitOutcome(
             rewards=np.concatenate([r.rewards[row] for r in results]),
@@ -225,11 +235,20 @@ def evaluate_split(
             texts=[t for r in results for t in rows_of(r.texts, row)] if keep_texts else None,
             kl=np.concatenate([rows_of(r.kl, row) for r in results]) if kl else None,
             correct_counts=sampled_counts(results, row),
-            scored=np.concatenate([evaluated_row(r, row) for r in results]) if results else None,
+            scored=paired,
             samples=results[0].samples if results else 1,
             k=k,
         )
     return outcomes
+
+
+def paired_scored(results: list[UnitResult], ops: int) -> np.ndarray | None:
+    """The examples every op's reward was scored on: each op's held-out means are over these
+    alone, so a judge's failures on one op's cells cannot move it against another's."""
+    if not results:
+        return None
+    rows = [np.concatenate([evaluated_row(r, row) for r in results]) for row in range(ops)]
+    return np.logical_and.reduce(rows)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,9 @@ class Outcome:
     best_chosen_on: str  # selection | heldout
 
 
+COUNTS = ("improvements", "regressions", "both_wrong", "both_right", "failed")  # the summary's best_vs_base
+
+
 def write_run_summary(
     run_dir: Path,
     *,
@@ -88,7 +91,7 @@ def write_run_summary(
         "best_generation": outcome.best_generation,
         "best_member": outcome.best_member,
         "best_chosen_on": outcome.best_chosen_on,
-        "best_vs_base": {k: counts[k] for k in ("improvements", "regressions", "both_wrong", "both_right")},
+        "best_vs_base": {k: counts[k] for k in COUNTS},
         "adapters": adapters,
         "compute": compute,
         "details": details or {},

@@ -11,6 +11,7 @@ evaluates, records and checkpoints."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -237,6 +238,11 @@ def cell_fitness(fitness: FitnessExpression, cells: dict[str, np.ndarray], evalu
 
 
 def spread(prefix: str, values: np.ndarray) -> dict[str, float]:
+    """The values' spread, over the finite ones (a candidate none of whose rewards was scored has
+    none); of none, NaN (null in metrics.jsonl)."""
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return dict.fromkeys((f"{prefix}_{s}" for s in ("mean", "std", "min", "max", "p20", "p80")), math.nan)
     return {
         f"{prefix}_mean": float(values.mean()),
         f"{prefix}_std": float(values.std()),
@@ -252,7 +258,11 @@ def population_stats(results: GenerationResults, with_fitness: bool) -> dict[str
     spread where fitness is not the reward itself."""
     cells = results.evaluated
     correct = results.correct[cells] if cells is not None else results.correct
-    stats = {**spread("reward", row_means(results.rewards, cells)), "accuracy_mean": float(correct.mean())}
+    rewards = row_means(results.rewards, cells)
+    stats = {**spread("reward", rewards), "accuracy_mean": float(correct.mean()) if correct.size else math.nan}
+    unscored = int((~np.isfinite(rewards)).sum())
+    if unscored:  # candidates none of whose rewards was scored: left out of the spread, counted
+        stats["candidates_unscored"] = unscored
     if with_fitness:
         stats.update(spread("fitness", results.fitness))
     return stats

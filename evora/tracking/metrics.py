@@ -21,9 +21,15 @@ class MetricsSink(Protocol):
     def close(self) -> None: ...
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float, however deeply nested, as None: JSON has no NaN, and
+    a strict parser refuses the bare `NaN` Python's json writes."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -63,7 +69,7 @@ class JsonlSink:
             return
         if self.handle is None:
             self.handle = open(self.path, "a")
-        self.handle.write("".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in records))
+        self.handle.write("".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in records))
         self.handle.flush()
         os.fsync(self.handle.fileno())
 

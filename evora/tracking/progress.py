@@ -91,8 +91,9 @@ def final_lines(event: Event) -> list[str]:
     lines = [
         f"held-out reward: base model {_fmt(base['reward'])}{final_text} (best {_fmt(best['reward'])}{found})",
         f"best {'model' if whole else 'adapter'} vs base model, held-out: {counts['improvements']} improvements, "
-        f"{counts['regressions']} "
-        f"regressions (eval/best_vs_base.md)",
+        f"{counts['regressions']} regressions"
+        + (f", {counts['failed']} failed rewards" if counts.get("failed") else "")
+        + " (eval/best_vs_base.md)",
         f"compute: {flops:.3g} FLOPs searching, {s['compute']['seconds']['total']:.0f}s in all",
     ]
     # Per-member numbers stay in the summary; the console shows the strategy's headline findings.

@@ -12,6 +12,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from evora.tracking.metrics import json_safe
+
 SUMMARY_FILE = Path("eval") / "summary.json"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "summary.schema.json"
 SCHEMA_VERSION = 1
@@ -34,7 +36,7 @@ def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> Path:
     path = Path(run_dir) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(".summary.json.partial")
-    partial.write_text(json.dumps(summary, indent=2) + "\n")
+    partial.write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n")
     partial.replace(path)
     return path
 

@@ -17,8 +17,9 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 from hostile_judge import HostileJudge, Reply
@@ -197,16 +198,28 @@ def test_a_judge_that_answers_no_score_is_counted_and_stops_the_run(judge_port):
 
 
 def graded(content: str) -> Reply:
-    """A judge of our own: a score from the response's length (deterministic, so a resumed run
-    gets the scores an uninterrupted one would)."""
+    """A judge of our own: a score from the response's length, and for a fifth of responses (by
+    their hash) no score, an error status or an empty body (deterministic, so a resumed run gets
+    the scores an uninterrupted one would)."""
     response = content.split("Response: ", 1)[1].rsplit("\n\nReply with the score only.", 1)[0]
-    return Reply(f"Score: {len(response) % 11}")
+    failing = [Reply("Score: N/A"), Reply(status=500), Reply(body=b"")]
+    draw = zlib.crc32(response.encode())
+    return failing[draw % 3] if draw % 5 == 0 else Reply(f"Score: {len(response) % 11}")
+
+
+def strict_json(text: str) -> Any:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"bare {constant}")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 def test_a_judge_that_stalls_ends_the_run_on_sigterm_in_seconds_and_resume_goes_on():
     """SIGTERM while a generation waits on a judge that stopped answering (a deadline far off):
     the run ends within seconds with the interrupted line, its last checkpoint kept; resumed
-    against the judge answering again, it finishes."""
+    against the judge answering again, it finishes. A fifth of the judge's replies fail
+    throughout: they are counted (held-out ones too), and best_vs_base compares only what both
+    sides scored, lists the rest as failed, never as regressions, and holds no bare NaN."""
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
     stalled = threading.Event()
 
@@ -218,6 +231,7 @@ def test_a_judge_that_stalls_ends_the_run_on_sigterm_in_seconds_and_resume_goes_
 
     judge = HostileJudge(reply)
     args = [*RUN, f"task.judge.url={judge.url}", "task.judge.timeout_s=600", f"tracking.out_dir={out}"]
+    args += ["task.judge.max_error_rate=0.5"]
     command = evora_cmd("tracking.progress=false", *args, "task.judge.choices=[]", "generations=3")
     env = cli_environment(shared_head().environ)
     process = subprocess.Popen(command, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -242,7 +256,16 @@ def test_a_judge_that_stalls_ends_the_run_on_sigterm_in_seconds_and_resume_goes_
     finally:
         back.close()
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]
+    records = read_metrics(run_dir)
+    assert [r["generation"] for r in records] == [0, 1, 2, 3]
+    assert any(r.get("reward_failed") for r in records) and any(r.get("heldout_reward_failed") for r in records)
+    report = strict_json((run_dir / "eval" / "best_vs_base.json").read_text())
+    assert report["counts"]["failed"] > 0 and len(report["failed"]) == report["counts"]["failed"]
+    compared = [row for group in ("improvements", "regressions", "both_wrong", "both_right") for row in report[group]]
+    assert all(row["base_reward"] is not None and row["adapter_reward"] is not None for row in compared)
+    assert all(row["base_reward"] is None or row["adapter_reward"] is None for row in report["failed"])
+    summary = strict_json((run_dir / "eval" / "summary.json").read_text())
+    assert summary["best_vs_base"]["failed"] == report["counts"]["failed"]
 
 
 def test_a_judge_that_trickles_its_replies_stops_the_run_by_its_deadline():

@@ -115,3 +115,34 @@ def test_an_evaluation_without_a_budget_is_not_checked():
 
 def test_counts_by_kind():
     assert counted(TIMEOUT, ERROR, ERROR, INVALID, None).by_kind() == {TIMEOUT: 1, ERROR: 2, INVALID: 1}
+
+
+def test_held_out_means_are_over_the_examples_every_op_scored_and_failures_are_counted():
+    """Base and center on 4 held-out examples, the judge failing on the base's 0 and the center's 3:
+    both means are over examples 1 and 2 (identical weights then score identically), and each op
+    reports the 2 it left out (metrics.jsonl's heldout_reward_failed)."""
+    from evora.distributed.evaluate import SplitOutcome, paired_scored
+
+    rewards = np.array([[np.nan, 4.0, 6.0, 8.0], [4.0, 4.0, 6.0, np.nan]])
+    evaluated = np.isfinite(rewards)
+    result = UnitResult([0, 1], rewards, evaluated, np.ones_like(rewards, dtype=int), RewardCounts(), {}, 0, 0.0,
+                        evaluated=evaluated)  # fmt: skip
+    paired = paired_scored([result], 2)
+    assert paired.tolist() == [False, True, True, False]
+    metrics = [
+        SplitOutcome(rewards[row], evaluated[row], np.ones(4), None, None, scored=paired).metrics() for row in (0, 1)
+    ]
+    assert [m["reward"] for m in metrics] == [5.0, 5.0] and [m["reward_failed"] for m in metrics] == [2, 2]
+    assert "reward_failed" not in SplitOutcome(rewards[0], evaluated[0], np.ones(4), None, None).metrics(kept=paired)
+
+
+def test_a_candidate_with_no_scored_reward_is_counted_not_spread_as_nan():
+    from evora.distributed.search import population_stats
+    from evora.strategies.protocol import GenerationResults
+
+    rewards = np.array([[1.0, 3.0], [np.nan, np.nan], [5.0, 7.0]])
+    evaluated = np.isfinite(rewards)
+    results = GenerationResults(0, (0, 1), rewards, evaluated, np.ones((3, 2)), None, np.zeros(3), evaluated)
+    stats = population_stats(results, with_fitness=False)
+    assert stats["reward_mean"] == 4.0 and stats["reward_min"] == 2.0 and stats["candidates_unscored"] == 1
+    assert all(np.isfinite(v) for v in stats.values())
