@@ -282,3 +282,23 @@ def test_a_judge_that_trickles_its_replies_stops_the_run_by_its_deadline():
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-4000:]
     assert f"judge at {judge.url}" in errors[0] and "task.judge.timeout_s=3 a request" in errors[0], errors[0]
     assert time.monotonic() - started_at < 300
+
+
+def test_doctor_names_a_judge_that_answers_html_or_garbage_in_one_line():
+    """`evora doctor` asks the judge for its models and to score three fixed completions: HTML in
+    place of a model list, or replies with no score, are one line each, with no traceback."""
+    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
+    html = HostileJudge(lambda _: Reply("7"), models="<html><body>Sign in</body></html>")
+    garbage = HostileJudge(lambda _: Reply("What a lovely answer!"))
+    try:
+        runs = [
+            run_evora(["doctor", *RUN, "task.judge.choices=[]", f"task.judge.url={j.url}"], out)
+            for j in (html, garbage)
+        ]
+    finally:
+        html.close()
+        garbage.close()
+    for ran, judge, line in zip(runs, (html, garbage), ("the judge does not answer a model list", "gave none of 3")):
+        errors = [e for e in ran.stderr.splitlines() if e.startswith("evora: error:")]
+        assert ran.returncode == 1 and len(errors) == 1 and line in errors[0], ran.stdout[-2000:] + ran.stderr[-2000:]
+        assert judge.url in errors[0] and "Traceback" not in ran.stderr
