@@ -2,8 +2,10 @@
 bundled tiny model on loopback, with a chat template, its answers held to the scores 0 to 10 by
 vLLM's structured outputs. The run reaches the judge through a TCP forwarder the test can cut:
 the judge "killed" mid-run stops the run in one line naming it, after the last good generation's
-checkpoint, and `evora resume` goes on once it answers again. A judge that answers no score is
-counted and bounded. The run's held-out rewards are the judge's own answers, asked again here."""
+checkpoint, and `evora resume` goes on once it answers again. The run's held-out rewards are the
+judge's own answers, asked again here. A hostile judge of our own (tests/hostile_judge.py) stalls
+under SIGTERM, trickles its replies or answers no score, fails a fifth of its replies, and answers
+HTML for its models."""
 
 from __future__ import annotations
 
@@ -153,9 +155,10 @@ def test_a_judge_killed_mid_run_stops_it_in_one_line_and_resume_goes_on(judge_po
     assert [r["generation"] for r in records] == [0, 1, 2, 3, 4]
     assert all(r["reward_failed"] == 0 and r["reward_errors"] == 0 for r in records if r["generation"] > 0)
 
-    # The held-out rewards are the judge's answers: asked again, one request each, through the chat API.
+    # The held-out rewards are the judge's answers: every other one (32) asked again, one request each,
+    # through the chat API.
     report = json.loads((run_dir / "eval" / "best_vs_base.json").read_text())
-    rows = [row for group in report["counts"] for row in report[group]]
+    rows = [row for group in report["counts"] for row in report[group]][::2]
     client = OpenAI(base_url=f"http://127.0.0.1:{judge_port}/v1", api_key="none")
     template = saved_run_config(run_dir).task.judge.template
     same = 0
@@ -185,16 +188,6 @@ def test_a_wrong_judge_is_one_line_before_ray(judge_port):
     assert doctor.returncode == 1 and f'task.judge.url="http://127.0.0.1:{closed}/v1": the judge does not answer' in (
         doctor.stdout + doctor.stderr
     )
-
-
-def test_a_judge_that_answers_no_score_is_counted_and_stops_the_run(judge_port):
-    out = Path(tempfile.mkdtemp(prefix="evora-test-"))
-    result = judged(out, judge_port, "generations=2", "task.judge.score_pattern=NOSCORE")
-    errors = [line for line in result.stderr.splitlines() if line.startswith("evora: error:")]
-    assert result.returncode == 1 and len(errors) == 1, result.stderr[-4000:]
-    assert "heldout evaluation after generation 0: all 128 rewards" in errors[0], errors[0]
-    assert "no score in the judge's reply" in errors[0] and f"127.0.0.1:{judge_port}/v1" in errors[0]
-    assert "128 invalid scores" in errors[0] and "task.judge.score_pattern" in errors[0]  # the kind, and its key
 
 
 def graded(content: str) -> Reply:
@@ -268,10 +261,15 @@ def test_a_judge_that_stalls_ends_the_run_on_sigterm_in_seconds_and_resume_goes_
     assert summary["best_vs_base"]["failed"] == report["counts"]["failed"]
 
 
-def test_a_judge_that_trickles_its_replies_stops_the_run_by_its_deadline():
-    """Every reply a byte a second (minutes each): each request ends at task.judge.timeout_s, the
-    failures are counted, and the run stops in one line naming the judge and the key."""
-    judge = HostileJudge(lambda _: Reply("Score: 7", trickle_s=1.0))
+def test_a_judge_that_trickles_or_answers_no_score_stops_the_run_by_its_deadline_in_one_line():
+    """Half the replies a byte a second (minutes each), half with no score: each trickled request
+    ends at task.judge.timeout_s, every failure is counted by kind, and the run stops at its first
+    evaluation in one line naming the judge, the kinds and the key for each."""
+
+    def reply(content: str) -> Reply:
+        return Reply("Score: 7", trickle_s=1.0) if zlib.crc32(content.encode()) % 2 else Reply("A fine answer!")
+
+    judge = HostileJudge(reply)
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
     started_at = time.monotonic()
     try:
@@ -280,8 +278,10 @@ def test_a_judge_that_trickles_its_replies_stops_the_run_by_its_deadline():
         judge.close()
     errors = [line for line in result.stderr.splitlines() if line.startswith("evora: error:")]
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-4000:]
-    assert f"judge at {judge.url}" in errors[0] and "task.judge.timeout_s=3 a request" in errors[0], errors[0]
-    assert time.monotonic() - started_at < 300
+    assert "heldout evaluation after generation 0: all 128 rewards" in errors[0] and judge.url in errors[0], errors[0]
+    assert re.search(r"\d+ timeouts, \d+ invalid scores", errors[0]), errors[0]
+    assert "task.judge.timeout_s=3 a request" in errors[0] and "task.judge.score_pattern" in errors[0], errors[0]
+    assert "Traceback" not in result.stderr and time.monotonic() - started_at < 300
 
 
 def test_doctor_names_a_judge_that_answers_html_or_garbage_in_one_line():
