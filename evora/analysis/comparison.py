@@ -10,7 +10,6 @@ are means over the examples both have. No bare NaN reaches the JSON (a failed re
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -34,11 +33,6 @@ def scored(outcome: Outcome) -> np.ndarray:
     return np.ones(len(outcome.rewards), dtype=bool) if outcome.scored is None else np.asarray(outcome.scored)
 
 
-def finite(value: float) -> float | None:
-    """A number for JSON: None where it is NaN or infinite (a failed reward, the mean of none)."""
-    return value if math.isfinite(value) else None
-
-
 def _texts(outcome: Outcome) -> list[str]:
     if outcome.texts is None:  # evaluated without keeping its completions: nothing to list
         raise ValueError("a base-vs-adapter comparison needs the completions of both")
@@ -57,12 +51,11 @@ def _row(i: int, example: Any, base: Outcome | None, adapter: Outcome) -> dict[s
         "prompt": example.prompt,
         "answer": example.answer,
         "adapter": _texts(adapter)[i],
-        "adapter_reward": finite(float(adapter.rewards[i])),
+        "adapter_reward": float(adapter.rewards[i]),  # NaN where it failed: null in the JSON
         "adapter_correct": right(adapter.correct[i]),
     }
     if base is not None:
-        base_reward = finite(float(base.rewards[i]))
-        row.update(base=_texts(base)[i], base_reward=base_reward, base_correct=right(base.correct[i]))
+        row.update(base=_texts(base)[i], base_reward=float(base.rewards[i]), base_correct=right(base.correct[i]))
     return row
 
 
