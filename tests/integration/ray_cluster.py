@@ -65,7 +65,9 @@ def start_on(cluster: Cluster, run: tuple[str, ...]) -> tuple[Path, subprocess.P
 
 
 def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 300):
-    """Poll the run folder until `ready()` returns something (the run must still be going)."""
+    """Poll the run folder until `ready()` returns something (the run must still be going); on a
+    timeout the run is killed (it would hold its workers into the next test) and the failure
+    carries what it printed and the cluster's actors."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -75,7 +77,18 @@ def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 300):
         if found:
             return found
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    process.kill()
+    stdout, stderr = process.communicate()
+    raise AssertionError(f"timed out waiting for {what}; actors: {actors_now()}\n{stdout[-3000:]}{stderr[-3000:]}")
+
+
+def actors_now() -> list[tuple[str, str]] | str:
+    """The joined cluster's actors not dead, by name and state (PENDING_CREATION: no resources)."""
+    try:
+        address = ray.get_runtime_context().gcs_address
+        return [(a.name, a.state) for a in list_actors(address=address, filters=[("state", "!=", "DEAD")])]
+    except Exception as error:  # a diagnostic: it must not hide the failure it describes
+        return f"(not listed: {error})"
 
 
 def run_folder(out: Path):

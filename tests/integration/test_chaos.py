@@ -110,8 +110,14 @@ def run_with_chaos(cluster, run: tuple[str, ...], seed: int, workers: int, first
     the driver once a seeded later generation is logged and the replacements are counted in a
     checkpointed record."""
     chaos = random.Random(seed)
-    last = generations_of(run)
     out, process = start_on(cluster, (*run, f"hardware.num_workers={workers}"))
+    try:
+        return kill_and_finish(cluster, chaos, out, process, workers, first, generations_of(run))
+    finally:
+        process.kill()  # gone already, unless the test failed: it must not hold workers into the next test
+
+
+def kill_and_finish(cluster, chaos: random.Random, out: Path, process, workers: int, first: range, last: int) -> Chaos:
     moment = chaos.choice(first)
     run_dir = wait_for(process, lambda: logged(out, moment), f"generation {moment}")
     driver = live_driver(cluster, run_dir)

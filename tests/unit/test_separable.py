@@ -15,7 +15,7 @@ from evora.lora.noise import member_noise
 from evora.strategies.pgpe import PGPE, PGPEConfig
 from evora.strategies.protocol import fitness_results
 from evora.strategies.separable import SeparablePayload, SeparableState
-from evora.strategies.shaping import centered_ranks, nes_utilities
+from evora.strategies.shaping import SHAPINGS, centered_ranks, nes_utilities
 from evora.strategies.snes import SNES, SNESConfig
 
 SEED, GENERATION = 5, 3
@@ -52,9 +52,33 @@ def test_nes_utilities_are_the_papers_and_ties_share_them():
     assert tied[0] == tied[2] and tied[3] > tied[0] > tied[1] and abs(tied.sum()) < 1e-15
 
 
-@pytest.mark.parametrize("antithetic", [False, True])
-def test_snes_candidates_and_update_equal_the_papers_rule_in_float64(antithetic):
-    cfg = SNESConfig(population=8, antithetic=antithetic, lr=0.7)
+def evotorch_weights(fitness: np.ndarray, shaping: str) -> np.ndarray:
+    """EvoTorch's SNES weights (ExpSeparableGaussian._compute_gradients): the ranking's
+    utilities, divided by their absolute sum unless the ranking is NES's; its `normalized`
+    ranking takes the standard deviation with ddof=1, which the division cancels."""
+    n = len(fitness)
+    if shaping == "nes":  # the paper's utilities, transcribed
+        best_first = np.argsort(-fitness)
+        raw = [max(0.0, math.log(n / 2 + 1) - math.log(k)) for k in range(1, n + 1)]
+        u = np.empty(n)
+        u[best_first] = np.array(raw) / sum(raw) - 1 / n
+        return u
+    ranks = np.argsort(np.argsort(fitness))  # no ties in these draws
+    u = {
+        "zscore": (fitness - fitness.mean()) / fitness.std(ddof=1),
+        "centered_rank": ranks / (n - 1) - 0.5,
+        "none": fitness,
+    }[shaping]
+    return u / np.abs(u).sum()
+
+
+@pytest.mark.parametrize(
+    "antithetic,shaping",
+    [(False, "nes"), (True, "nes"), (False, "zscore"), (True, "centered_rank"), (False, "none")],
+)
+def test_snes_candidates_and_update_equal_the_papers_rule_in_float64(antithetic, shaping):
+    """The paper's rule under its utilities; under any other shaping, EvoTorch's weights."""
+    cfg = SNESConfig(population=8, antithetic=antithetic, lr=0.7, shaping=shaping)
     snes, state = SNES(cfg, SEED), start()
     specs, payload = snes.ask(state, GENERATION)
     for spec in specs:  # z_k = mu + sigma * s_k (s_k = -s_m for a mirrored candidate)
@@ -64,7 +88,7 @@ def test_snes_candidates_and_update_equal_the_papers_rule_in_float64(antithetic)
         close(snes.materialise(payload, spec), expected)
     fitness = np.random.default_rng(1).normal(size=len(specs))
     told = snes.tell(state, specs, fitness_results(GENERATION, fitness))
-    u = nes_utilities(fitness)
+    u = evotorch_weights(fitness, shaping)
     d = sum(math.prod(s) for s in SHAPES.values())
     eta_sigma = (3 + math.log(d)) / (5 * math.sqrt(d))
     mu, sigma = {}, {}
@@ -125,7 +149,12 @@ def test_pgpe_update_equals_evotorchs_rules_in_float64(sigma_lr):
 
 
 @pytest.mark.parametrize(
-    "strategy", [SNES(SNESConfig(population=20, sigma=0.2), 0), PGPE(PGPEConfig(population=20, sigma=0.2, lr=0.05), 0)]
+    "strategy",
+    [
+        *(SNES(SNESConfig(population=20, sigma=0.2, shaping=shaping), 0) for shaping in SHAPINGS),
+        *(PGPE(PGPEConfig(population=20, sigma=0.2, lr=0.05, shaping=shaping), 0) for shaping in SHAPINGS),
+    ],
+    ids=[f"{name}-{shaping}" for name in ("snes", "pgpe") for shaping in SHAPINGS],
 )
 def test_converges_on_an_analytic_objective(strategy):
     """Maximise -||x - t||^2 over the adapter's values: the error shrinks tenfold."""

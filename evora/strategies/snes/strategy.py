@@ -8,7 +8,11 @@ paper's), and moves
     grad_mu    = sum_k u_k s_k                 mu    <- mu + eta_mu * sigma * grad_mu
     grad_sigma = sum_k u_k (s_k^2 - 1)         sigma <- sigma * exp(eta_sigma / 2 * grad_sigma)
 
-with eta_mu = 1 and eta_sigma = (3 + ln d) / (5 sqrt d) for d values by default. `antithetic=true`
+with eta_mu = 1 and eta_sigma = (3 + ln d) / (5 sqrt d) for d values by default. Under any other
+shaping (zscore, centered_rank, none, per_prompt) the weights are first divided by the sum of their
+absolute values, as EvoTorch's SNES (ExpSeparableGaussian) does: NES's utilities sum to about 1.2
+in absolute value, a z-score's to about 0.8 N (24 at N = 30) and centered ranks' to N / 4, so
+unnormalised they would step 6 to 20 times as far as the paper's. `antithetic=true`
 (not the paper's) evaluates each s as the pair (+s, -s). Candidates travel as seeds; the state is
 mu and sigma, fp32, so resume is exact.
 """
@@ -33,6 +37,16 @@ def paper_sigma_lr(values: int) -> float:
     return (3 + math.log(values)) / (5 * math.sqrt(values))
 
 
+def utilities(fitness: np.ndarray, shaping: str) -> np.ndarray:
+    """The update's weights: NES's utilities as the paper's; any other shaping's weights divided
+    by their absolute sum (EvoTorch's SNES), all zeros when they are."""
+    weights = shape(fitness, shaping)
+    if shaping == "nes":
+        return weights
+    total = float(np.abs(weights).sum())
+    return weights / total if total > 0 else weights
+
+
 class SNES:
     state_type: ClassVar[type] = SeparableState
 
@@ -54,7 +68,7 @@ class SNES:
         return self.cfg.sigma_lr if self.cfg.sigma_lr is not None else paper_sigma_lr(separable.values(state.mu))
 
     def tell(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
-        return self.step(state, specs, shape(shaping_input(results, self.cfg.shaping), self.cfg.shaping))
+        return self.step(state, specs, utilities(shaping_input(results, self.cfg.shaping), self.cfg.shaping))
 
     def step(self, state: SeparableState, specs: list[CandidateSpec], utilities: np.ndarray) -> Told:
         """The update from the candidates' utilities (in spec order)."""
