@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 from evora.config.schema import TaskConfig
 from evora.distributed.worker import UnitResult
 from evora.errors import RunError
-from evora.tasks.base import is_user_reward
+from evora.tasks.registry import isolated_reward
 from evora.tasks.scores import ERROR, INVALID, TIMEOUT, RewardCounts
 
 # What to change, by how a reward's calls failed, for each kind of reward (formatted with the task config).
@@ -76,7 +76,7 @@ BUDGETS: dict[str, Callable[[TaskConfig], FailureBudget]] = {"judge": _judge, "r
 def failure_budget(task: TaskConfig) -> FailureBudget:
     if task.reward in BUDGETS:
         return BUDGETS[task.reward](task)
-    if is_user_reward(task):
+    if isolated_reward(task):
         return _budget(f"task.reward={task.reward}" if task.reward else f"task.name={task.name}", USER_FIXES, task)
     return _budget(f"task={task.name}'s reward", BUILT_IN_FIXES, task)
 

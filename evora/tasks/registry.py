@@ -25,7 +25,7 @@ from typing import Any, Callable, TypeVar
 
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
-from evora.tasks.base import SERVED_REWARDS, CustomReward, Task, load_object
+from evora.tasks.base import SERVED_REWARDS, CustomReward, Task, is_user_reward, load_object
 
 T = TypeVar("T")
 
@@ -38,6 +38,14 @@ class TaskEntry:
     validate: Callable[[Any], None] | None = None  # (task config) -> None; raises ConfigError
     hub_data: bool = False  # its data comes from the hub unless task.data_path is set
     data_source: str | None = None  # where a task.data_path file comes from: said when it is not found
+    # Its reward runs third-party code (reasoning-gym's scorers): scored in reward processes,
+    # bounded in time and memory, as a user's reward is (tasks/reward_pool.py); a function of
+    # the task's config where that depends on it (task=mix: on its families).
+    isolated: bool | Callable[[Any], bool] = False
+    # task=mix: a family named "<task>_<value>" is this task with task.<family_key>=<value>
+    # (reasoning_gym_countdown: task=reasoning_gym task.dataset=countdown); task.dataset then
+    # names data made here, not a hub dataset.
+    family_key: str | None = None
 
     def check(self, cfg: TaskConfig) -> None:
         """The config is the task's type, and its own rules hold."""
@@ -100,7 +108,32 @@ def reads_hub_data(cfg: TaskConfig) -> bool:
     """Whether building the task downloads its data (a hub dataset, not a local file)."""
     if cfg.data_path is not None:
         return False
-    return get_task(cfg.name).hub_data or (cfg.dataset is not None and ":" not in cfg.name)
+    entry = get_task(cfg.name)
+    return entry.hub_data or (cfg.dataset is not None and ":" not in cfg.name and entry.family_key != "dataset")
+
+
+def isolated_reward(cfg: TaskConfig) -> bool:
+    """Whether scoring runs code evora does not own (a user's reward or task class, a third-party
+    scorer): then it runs in reward processes. task=mix: whether any family's does."""
+    if is_user_reward(cfg):
+        return True
+    if cfg.reward is not None:  # a served reward (judge, reward_model) replaces the task's
+        return False
+    isolated = get_task(cfg.name).isolated
+    return isolated(cfg) if callable(isolated) else isolated
+
+
+def family_entry(name: str) -> tuple[TaskEntry, dict[str, str]]:
+    """task=mix's family `name`: its task, and the key its name sets (`family_key`)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name], {}
+    for entry in _REGISTRY.values():
+        if entry.family_key is not None and name.startswith(f"{entry.name}_") and len(name) > len(entry.name) + 1:
+            return entry, {entry.family_key: name[len(entry.name) + 1 :]}
+    raise ConfigError(
+        f"task.families.{name}: unknown task family; allowed: {', '.join(t for t in task_names() if t != 'mix')}, "
+        f"or {', '.join(f'{e.name}_<{e.family_key}>' for e in entries() if e.family_key)}"
+    )
 
 
 def build_task(cfg: TaskConfig, seed: int) -> Task:

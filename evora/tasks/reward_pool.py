@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 from pebble import ProcessPool
 
 from evora.config.schema import TaskConfig
-from evora.tasks.base import CustomReward, Example, Task, is_user_reward
-from evora.tasks.registry import build_task
+from evora.tasks.base import CustomReward, Example, Task
+from evora.tasks.registry import build_task, isolated_reward
 from evora.tasks.scores import ERROR, FAILED, TIMEOUT, Outcome, Scorer, Scores, failure_message
 
 
@@ -172,6 +172,6 @@ def reward_scorer(task: Task, cfg: TaskConfig, seed: int, device: str = "cpu") -
     for built-ins. `device`: where a reward model runs (the engine worker's)."""
     if cfg.reward in SERVED_SCORERS:
         return SERVED_SCORERS[cfg.reward](task, cfg, device)
-    if is_user_reward(cfg):
+    if isolated_reward(cfg):
         return RewardPool(cfg, seed, batched=isinstance(task, CustomReward) and task.batched is not None)
     return InProcessRewards(task, cfg.reward_penalty)

@@ -24,7 +24,7 @@ from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
 from evora.lora.noise import noise_key
 from evora.tasks.base import AnswerTask, Example, Splits
-from evora.tasks.registry import get_task, register_task, task_names
+from evora.tasks.registry import family_entry, isolated_reward, register_task
 
 HELDOUT_SEED = 0
 SHARED = tuple(f.name for f in dataclasses.fields(TaskConfig))  # the keys a family takes from the mix
@@ -67,7 +67,7 @@ def family_config(cfg: MixConfig, name: str) -> TaskConfig:
         "selection_size": shares(cfg.selection_size, trained).get(name, 0),
         "eval_size": shares(cfg.eval_size, weighted(cfg))[name],
     }
-    entry = get_task(name)
+    entry, named = family_entry(name)
     options = dict(cfg.family_options.get(name, {}))
     own = {f.name for f in dataclasses.fields(entry.config)} - set(SHARED)
     for key in options:
@@ -75,7 +75,7 @@ def family_config(cfg: MixConfig, name: str) -> TaskConfig:
             raise ConfigError(
                 f"task.family_options.{name}.{key}: unknown key; allowed: {', '.join(sorted(own)) or 'none'}"
             )
-    return entry.config(**{**shared, **sizes, **options, "name": name})
+    return entry.config(**{**shared, **sizes, **named, **options, "name": entry.name})
 
 
 def check_mix(cfg: MixConfig) -> None:
@@ -83,9 +83,7 @@ def check_mix(cfg: MixConfig) -> None:
     rules; held-out families among them."""
     for name, weight in cfg.families.items():
         require(name != "mix", f"task.families.{name}", weight, "a mix cannot contain a mix")
-        if name not in task_names():
-            allowed = ", ".join(t for t in task_names() if t != "mix")
-            raise ConfigError(f"task.families.{name}: unknown task family; allowed: {allowed}")
+        family_entry(name)  # a registered task, or a task's family by name (reasoning_gym_<dataset>)
         require(weight >= 0, f"task.families.{name}", weight, "must be a weight >= 0 (0 leaves it out)")
     families = weighted(cfg)
     require(bool(families), "task.families", dict(cfg.families), "task=mix needs a family of weight > 0")
@@ -100,12 +98,17 @@ def check_mix(cfg: MixConfig) -> None:
     for name in families:
         family = family_config(cfg, name)
         try:
-            get_task(name).check(family)
+            family_entry(name)[0].check(family)
         except ConfigError as error:  # a family's own key is set in task.family_options.<family>
             raise ConfigError(f"task.families.{name}: {error}") from None
 
 
-@register_task("mix", config=MixConfig, validate=check_mix)
+def any_isolated(cfg: MixConfig) -> bool:
+    """Whether a family's reward runs third-party code: then the mix's is scored in reward processes."""
+    return any(isolated_reward(family_config(cfg, name)) for name in weighted(cfg))
+
+
+@register_task("mix", config=MixConfig, validate=check_mix, isolated=any_isolated)
 class MixTask:
     name: ClassVar[str]
     reward_range: tuple[float, float] = (0.0, 1.0)  # per instance: the families' widest
@@ -114,7 +117,7 @@ class MixTask:
         check_mix(cfg)
         self.cfg = cfg
         self.seed = seed
-        self.families = {name: get_task(name).task(family_config(cfg, name), seed) for name in weighted(cfg)}
+        self.families = {name: family_entry(name)[0].task(family_config(cfg, name), seed) for name in weighted(cfg)}
         low = min(type(t).reward_range[0] for t in self.families.values())
         high = max(type(t).reward_range[1] for t in self.families.values())
         self.reward_range = (low, high)
