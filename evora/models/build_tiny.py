@@ -82,9 +82,12 @@ def train_tokenizer(rng: random.Random) -> PreTrainedTokenizerFast:
     )
 
 
-def bpe_tokenizer(corpus: list[str], vocab_size: int, pre_tokenizer: PreTokenizer) -> PreTrainedTokenizerFast:
+def bpe_tokenizer(
+    corpus: list[str], vocab_size: int, pre_tokenizer: PreTokenizer, specials: list[str] = SPECIALS
+) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer of `vocab_size` trained on `corpus` after `pre_tokenizer`, with
-    evora's special tokens and BOS on every encoded text (shared with build_tiny_mix)."""
+    `specials` (pad, BOS and EOS first) and BOS on every encoded text (shared with build_tiny_mix
+    and build_organism)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -94,7 +97,7 @@ def bpe_tokenizer(corpus: list[str], vocab_size: int, pre_tokenizer: PreTokenize
     tok.train_from_iterator(
         corpus,
         trainers.BpeTrainer(
-            vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+            vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
         ),
     )
     # BOS on every encoded text, so vLLM and transformers tokenize prompts identically.
@@ -189,10 +192,13 @@ def heldout_breakdown(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBas
     return {"exact": exact / n, "first_number": first / n}
 
 
-def _portable_tokenizer_class(path: Path) -> None:
-    # transformers 5 writes its own class name; older releases and vLLM's loaders know this one.
+def _portable_tokenizer_class(path: Path, chat_template: str | None = None) -> None:
+    # transformers 5 writes its own class name, and a chat template to a file of its own; older
+    # releases and vLLM's loaders know this class, and read a template from this file.
     config = json.loads(path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 

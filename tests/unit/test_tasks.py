@@ -248,3 +248,18 @@ def test_hub_data_offline_gives_a_clear_error(monkeypatch):
         ConfigError, match=r'task.dataset="evora-test/none": cannot load it from the hub.*task.data_path'
     ):
         task("gsm8k", dataset="evora-test/none").splits()  # offline and not cached: bad input, exit 2
+
+
+def test_generated_countdown_holds_out_one_problem_in_eight_the_same_for_every_seed():
+    from evora.tasks.builtin.countdown import is_heldout_problem
+
+    cfg = task_config("countdown", train_size=40, selection_size=8, eval_size=16, max_number=12)
+    first, other = build_task(cfg, 0).splits(), build_task(cfg, 1).splits()
+    assert first.heldout == other.heldout and first.train != other.train
+    assert (len(first.train), len(first.selection), len(first.heldout)) == (40, 8, 16)
+    for splits in (first, other):
+        held = lambda e: is_heldout_problem(e.data["numbers"], e.data["target"])  # noqa: E731
+        assert all(map(held, splits.heldout)) and not any(map(held, (*splits.train, *splits.selection)))
+        assert {n for e in (*splits.train, *splits.heldout) for n in e.data["numbers"]} <= set(range(1, 13))
+    wide = build_task(task_config("countdown", train_size=40, eval_size=16), 0).splits()
+    assert max(n for e in wide.train for n in e.data["numbers"]) > 12  # the paper's 1..99 by default

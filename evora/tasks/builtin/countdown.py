@@ -4,18 +4,24 @@ the target. Reward 0.1 x format + 1.0 x correct (`rewards/countdown.py`).
 Problems come from a JSON/JSONL/parquet file of records with `numbers`, `target` and optionally
 `context` (the full prompt, used verbatim) and `solution`, as in the ES paper's countdown.json
 (whose targets are strings, some of them non-integers: "27.4"), or are generated (solvable by
-construction) when `task.data_path` is null. `task.number_rule` and `task.answer_block` choose
-the scoring rules (`rewards/countdown.py`; the paper's by default).
+construction) when `task.data_path` is null: numbers in 1..`task.max_number` (the paper's file:
+1..99). One generated problem in eight (by its numbers and target, `is_heldout_problem`) is held
+out: the held-out split is drawn from those alone, the same for every seed, and train and
+selection from the rest with the run seed, so no held-out problem is ever trained on (nor in the
+bundled organism's pretraining text, `evora.models.build_organism`). `task.number_rule` and
+`task.answer_block` choose the scoring rules (`rewards/countdown.py`; the paper's by default).
 """
 
 from __future__ import annotations
 
 import math
 import random
+import zlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from evora.config.checks import choice
+from evora.config.checks import require as require_key
 from evora.config.schema import TaskConfig
 from evora.errors import DataError
 from evora.lora.noise import noise_key
@@ -82,6 +88,27 @@ def generate_problem(
             return {"numbers": numbers, "target": value, "solution": text[1:-1] if count > 1 else text}
 
 
+HELDOUT_EIGHTH = 8  # one generated problem in eight is held out
+HELDOUT_SEED = 0  # generated held-out problems: one draw for every run seed
+
+
+def is_heldout_problem(numbers: list[int], target: Any) -> bool:
+    """Whether a generated problem is held out: by its numbers (in any order) and target; crc32,
+    not hash(), which changes from process to process."""
+    key = f"{sorted(numbers)}={target_text(target)}"
+    return zlib.crc32(key.encode()) % HELDOUT_EIGHTH == 0
+
+
+def generated_problems(rng: random.Random, size: int, max_number: int, heldout: bool) -> list[dict[str, Any]]:
+    """`size` problems of 3 or 4 numbers in 1..max_number, each held out or each not."""
+    problems: list[dict[str, Any]] = []
+    while len(problems) < size:
+        problem = generate_problem(rng, count=rng.choice((3, 4)), max_number=max_number)
+        if is_heldout_problem(problem["numbers"], problem["target"]) == heldout:
+            problems.append(problem)
+    return problems
+
+
 def load_problems(path: str) -> list[dict[str, Any]]:
     """Records from a JSON array, JSONL or parquet file; errors name the file and line."""
     return [_check_record(record, where) for record, where in read_records(path)]
@@ -119,11 +146,13 @@ def target_text(target: Any) -> str:
 class CountdownConfig(TaskConfig):
     number_rule: str = "all_exactly_once"  # all_exactly_once (the paper) | at_most_once
     answer_block: str = "last"  # which <answer> block is scored: last (the paper) | first
+    max_number: int = 99  # generated problems: numbers in 1..max_number (the paper's file: 1..99)
 
 
 def check_countdown(cfg: CountdownConfig) -> None:
     choice("task.number_rule", cfg.number_rule, NUMBER_RULES)
     choice("task.answer_block", cfg.answer_block, ANSWER_BLOCKS)
+    require_key(cfg.max_number >= 2, "task.max_number", cfg.max_number, "must be an integer >= 2")
 
 
 @register_task("countdown", config=CountdownConfig, validate=check_countdown, data_source=DATA_SOURCE)
@@ -138,18 +167,19 @@ class CountdownTask:
         self.cfg = cfg
         self.seed = seed
 
-    def _problems(self) -> list[dict[str, Any]]:
-        if self.cfg.data_path is not None:
-            return load_problems(self.cfg.data_path)
-        wanted = self.cfg.train_size + self.cfg.selection_size + self.cfg.eval_size
-        rng = random.Random(noise_key(self.seed, "countdown-problems"))
-        return [generate_problem(rng, count=rng.choice((3, 4))) for _ in range(wanted)]
-
     def splits(self) -> Splits:
-        return split_examples([self._example(p) for p in self._problems()], self.cfg, self.seed, "countdown-split")
+        cfg = self.cfg
+        if cfg.data_path is not None:
+            examples = [self.example_of(p) for p in load_problems(cfg.data_path)]
+            return split_examples(examples, cfg, self.seed, "countdown-split")
+        heldout = generated_problems(random.Random(HELDOUT_SEED), cfg.eval_size, cfg.max_number, heldout=True)
+        rng = random.Random(noise_key(self.seed, "countdown-problems"))
+        rest = generated_problems(rng, cfg.selection_size + cfg.train_size, cfg.max_number, heldout=False)
+        selection, train = rest[: cfg.selection_size], rest[cfg.selection_size :]
+        return Splits(*(tuple(map(self.example_of, part)) for part in (train, selection, heldout)))
 
     @staticmethod
-    def _example(problem: dict[str, Any]) -> Example:
+    def example_of(problem: dict[str, Any]) -> Example:
         numbers, target = list(problem["numbers"]), target_text(problem["target"])
         solution = str(problem.get("solution", ""))
         return Example(

@@ -1,0 +1,187 @@
+"""Build the bundled Countdown model organism: `python -m evora.models.build_organism [--out DIR]`.
+
+A Qwen2-shaped model of about a million parameters, its own byte-level BPE tokenizer (digits one
+per token) and a chat template, pretrained from scratch on Countdown problems exactly as
+`model=organism task=countdown` renders them (the paper's instruction, its response prefix and its
+answer format, `tasks/builtin/countdown.py`; numbers in 1..MAX_NUMBER) followed by their reference
+completions. No held-out problem (`is_heldout_problem`: one in eight) is ever in its text.
+
+Training stops once greedy decoding solves STOP_AT of a monitor set (generated problems none of
+which is held out, a draw of their own), checked every CHECK_EVERY steps: a model that solves
+some problems and fails most, so a strategy can improve it and can make it worse. The monitor
+only stops training; the organism's held-out accuracy is what `evora eval adapter=base
+model=organism task=countdown` measures. Same seed, torch build and thread count -> same weights
+(the shipped ones: 2 threads, build_info.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from evora.models import BUNDLED_DIR
+from evora.models.build_tiny import _portable_tokenizer_class, bpe_tokenizer
+from evora.tasks.base import Example
+from evora.tasks.builtin.countdown import CountdownConfig, CountdownTask, generated_problems
+from evora.tasks.prompts import PromptRenderer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+SPECIALS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>"]
+PAD, BOS, EOS = 0, 1, 2
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+VOCAB_SIZE = 1024
+MAX_STEPS = 6000
+BATCH = 32
+LR = 2e-3
+CHECK_EVERY = 250
+MONITOR = 200  # problems decoded at each check
+STOP_AT = 0.25  # the monitor's share solved that stops training
+MAX_NEW_TOKENS = 48
+MAX_NUMBER = 12  # its problems' numbers: 1..12 (conf/model_task/organism_countdown.yaml: task.max_number)
+SEED = 0
+
+
+def organism_task() -> CountdownConfig:
+    return CountdownConfig(name="countdown", max_number=MAX_NUMBER)
+
+
+def examples(rng: random.Random, size: int) -> list[Example]:
+    """Training problems (none held out) as the task makes its examples."""
+    cfg = organism_task()
+    return [CountdownTask.example_of(p) for p in generated_problems(rng, size, cfg.max_number, heldout=False)]
+
+
+def train_tokenizer(rng: random.Random) -> PreTrainedTokenizerFast:
+    from tokenizers import pre_tokenizers
+
+    corpus = [f"{e.prompt}{e.prefix}{e.reference}" for e in examples(rng, 3000)]
+    tokenizer = bpe_tokenizer(
+        corpus,
+        VOCAB_SIZE,
+        pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        ),
+        specials=SPECIALS,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(vocab_size: int) -> Qwen2ForCausalLM:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        tie_word_embeddings=False,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def batch_of(renderer: PromptRenderer, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and labels: the loss covers the reference completion and its EOS."""
+    rows = [(renderer.ids(e), renderer.target_ids(e)) for e in batch]
+    width = max(len(p) + len(t) for p, t in rows)
+    ids = torch.full((len(rows), width), PAD)
+    labels = torch.full((len(rows), width), -100)
+    for i, (prompt, target) in enumerate(rows):
+        ids[i, : len(prompt) + len(target)] = torch.tensor(prompt + target)
+        labels[i, len(prompt) : len(prompt) + len(target)] = torch.tensor(target)
+    return ids, labels
+
+
+@torch.no_grad()
+def solved(model: Qwen2ForCausalLM, renderer: PromptRenderer, task: CountdownTask, monitor: list[Example]) -> float:
+    """The share of `monitor` greedy decoding solves (the task's correctness)."""
+    model.eval()
+    prompts = [renderer.ids(e) for e in monitor]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    out = model.generate(  # type: ignore[misc]  # transformers types its self as a Protocol mypy rejects
+        input_ids=ids,
+        attention_mask=(ids != PAD).long(),
+        max_new_tokens=MAX_NEW_TOKENS,
+        do_sample=False,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+    )[:, width:]
+    model.train()
+    texts = [renderer.tokenizer.decode(row, skip_special_tokens=True) for row in out.tolist()]
+    return sum(task.correct(text, e) for text, e in zip(texts, monitor)) / len(monitor)
+
+
+def pretrain(model: Qwen2ForCausalLM, renderer: PromptRenderer, rng: random.Random, max_steps: int) -> dict:
+    task = CountdownTask(organism_task(), 0)
+    monitor = examples(random.Random(SEED + 1), MONITOR)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    model.train()
+    start, history = time.time(), []
+    for step in range(1, max_steps + 1):
+        ids, labels = batch_of(renderer, examples(rng, BATCH))
+        loss = model(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % CHECK_EVERY == 0:
+            share = solved(model, renderer, task, monitor)
+            history.append({"step": step, "loss": round(loss.item(), 4), "monitor_solved": share})
+            print(f"step {step} loss {loss.item():.3f} monitor {share:.3f} ({time.time() - start:.0f}s)", flush=True)
+            if share >= STOP_AT:
+                break
+    model.eval()
+    return {"steps": step, "seconds": round(time.time() - start), "history": history}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(BUNDLED_DIR / "organism"))
+    parser.add_argument("--max-steps", type=int, default=MAX_STEPS)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (the weights depend on it)")
+    args = parser.parse_args()
+    torch.manual_seed(SEED)
+    torch.set_num_threads(args.threads)
+    rng = random.Random(SEED)
+    tokenizer = train_tokenizer(rng)
+    model = build_model(len(tokenizer))
+    renderer = PromptRenderer(tokenizer, "chat")
+    trained = pretrain(model, renderer, rng, args.max_steps)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config.pad_token_id = PAD
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    _portable_tokenizer_class(out / "tokenizer_config.json", chat_template=CHAT_TEMPLATE)
+    info = {
+        "seed": SEED,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "max_number": organism_task().max_number,
+        **trained,
+    }
+    (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in info.items() if k != "history"}))
+
+
+if __name__ == "__main__":
+    main()
