@@ -46,8 +46,8 @@ def test_three_datasets_and_a_hostile_scorer_run_to_the_end_with_every_failure_c
         "task.reward_timeout_s=1",
         "strategy.population=2",
         "engine=hf",
-        "generations=2",
-        "eval_every=2",
+        "generations=1",
+        "eval_every=1",
         "hardware.num_workers=2",
         f"tracking.out_dir={out}",
     ]
