@@ -1,5 +1,5 @@
 """A reasoning-gym dataset of our own (a task.plugins module) whose score_answer hangs, segfaults,
-exits its process or raises on the problems it picks, and scores the rest as reasoning-gym's
+exits its process or raises on the problems it picks (4 sums in 10), and scores the rest as reasoning-gym's
 default does: task=reasoning_gym must run it in reward processes, count each failure and go on."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def raises() -> float:
     raise ValueError("a scorer bug")
 
 
-BEHAVIOURS = {1: hangs, 2: segfaults, 3: exits, 4: raises}  # by (a + b) % 5: a fifth are fair
+BEHAVIOURS = {1: hangs, 2: segfaults, 3: exits, 4: raises}  # by (a + b) % 10: 6 in 10 are fair
 
 
 class HostileSums(ProceduralDataset):
@@ -54,7 +54,7 @@ class HostileSums(ProceduralDataset):
         return {"question": f"{a}+{b}=", "answer": str(a + b), "metadata": {"a": a, "b": b}}
 
     def score_answer(self, answer: Optional[str], entry: dict[str, Any]) -> float:
-        behaviour = BEHAVIOURS.get(int(entry["answer"]) % 5)
+        behaviour = BEHAVIOURS.get(int(entry["answer"]) % 10)
         return behaviour() if behaviour is not None else super().score_answer(answer, entry)
 
 

@@ -43,9 +43,9 @@ class TaskEntry:
     # the task's config where that depends on it (task=mix: on its families).
     isolated: bool | Callable[[Any], bool] = False
     # task=mix: a family named "<task>_<value>" is this task with task.<family_key>=<value>
-    # (reasoning_gym_countdown: task=reasoning_gym task.dataset=countdown); task.dataset then
-    # names data made here, not a hub dataset.
+    # (reasoning_gym_countdown: task=reasoning_gym task.dataset=countdown).
     family_key: str | None = None
+    local_dataset: bool = False  # task.dataset names data made here (reasoning-gym's), not a hub dataset
 
     def check(self, cfg: TaskConfig) -> None:
         """The config is the task's type, and its own rules hold."""
@@ -109,7 +109,7 @@ def reads_hub_data(cfg: TaskConfig) -> bool:
     if cfg.data_path is not None:
         return False
     entry = get_task(cfg.name)
-    return entry.hub_data or (cfg.dataset is not None and ":" not in cfg.name and entry.family_key != "dataset")
+    return entry.hub_data or (cfg.dataset is not None and ":" not in cfg.name and not entry.local_dataset)
 
 
 def isolated_reward(cfg: TaskConfig) -> bool:

@@ -1,5 +1,5 @@
-"""Chaos on a three-node `ray.cluster_utils.Cluster`: for ES, RandOpt, GA, EGGROLL, the ecology
-and SFT, a 10-generation run (SFT's: 20) with engine=hf is hit by kills of
+"""Chaos on a three-node `ray.cluster_utils.Cluster`: for ES, RandOpt, GA, EGGROLL and SFT, a
+10-generation run (SFT's: 20) with engine=hf is hit by kills of
 its engine workers and of its driver at moments drawn from a seeded `random.Random`, each right
 after a generation's record appears in metrics.jsonl (mid-generation: the workers are then inside the next generation;
 the driver may be between its record and its checkpoint, or past both). Every run ends
@@ -13,7 +13,8 @@ the run seed and the step.
 
 The pool's and the driver's recovery do not depend on the strategy; what does, a strategy's
 state through a checkpoint, is tested without Ray for the strategies not run here: SNES and
-PGPE (tests/unit/test_separable.py), merge's CMA-ES replay and restart (tests/unit/test_merge.py).
+PGPE (tests/unit/test_separable.py), merge's CMA-ES replay and restart (tests/unit/test_merge.py),
+the ecology's population through a resumed run (tests/integration/test_ecology_run.py).
 
 First every worker is killed at once, in a seeded order: the pool, left with none, waits for
 their replacements, so each one joins and is counted (a generation here is shorter than a
@@ -69,7 +70,6 @@ RUNS = {
         "strategy.weight_decay=0.5",
         "strategy.weight_decay_anchor=start",
     ),
-    "ecology": (*TINY_RUN, "+experiment=quickstart/ecology_mix", "task.selection_size=32"),
     # eval_every=1: SFT needs its workers only to evaluate, so the first replacement joins at once;
     # with one worker back its generations are short, and under a loaded machine the second
     # replacement's start has spanned 8 of them: 20 generations leave the driver's kill room.
@@ -196,7 +196,6 @@ def assert_recovered(chaos: Chaos, workers: int) -> None:
         pytest.param("ga", 12, 2, id="ga"),
         pytest.param("randopt", 19, 2, id="randopt"),
         pytest.param("eggroll", 13, 2, id="eggroll"),
-        pytest.param("ecology", 14, 2, id="ecology"),
         pytest.param("sft", 15, 2, id="sft"),
     ],
 )

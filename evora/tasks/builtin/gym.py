@@ -1,8 +1,8 @@
 """task=reasoning_gym: problems from one of reasoning-gym's procedural datasets (Apache-2.0, offline,
 about 100 of them), each completion scored by the dataset's own `score_answer`:
 
-    evora task=reasoning_gym task.dataset=countdown task.options='{min_numbers: 3, max_numbers: 4}'
-    evora task=mix task.families='{reasoning_gym_countdown: 1, reasoning_gym_chain_sum: 1}'
+    evora task=reasoning_gym task.dataset=countdown +task.options.min_numbers=3 +task.options.max_numbers=4
+    evora task=mix task.families.arithmetic=0 +task.families.reasoning_gym_chain_sum=1
 
 `task.options` are the dataset's own settings (the fields of its config class), checked before Ray
 by name and type and by the dataset's own `validate()`. `task.plugins` are modules imported first
@@ -121,7 +121,12 @@ def check_reasoning_gym(cfg: ReasoningGymConfig) -> None:
 
 
 @register_task(
-    "reasoning_gym", config=ReasoningGymConfig, validate=check_reasoning_gym, isolated=True, family_key="dataset"
+    "reasoning_gym",
+    config=ReasoningGymConfig,
+    validate=check_reasoning_gym,
+    isolated=True,
+    family_key="dataset",
+    local_dataset=True,
 )
 class ReasoningGymTask:
     name: ClassVar[str]
@@ -171,13 +176,15 @@ class ReasoningGymTask:
             prompt, target = problem["question"], answer
         return Example(prompt, answer, {"entry": problem}, target=target)
 
-    def answer(self, completion: str, example: Example) -> str | None:
+    # `extracted`, not `answer`: not an AnswerTask, since many datasets accept more than one
+    # answer (countdown's expressions), so equal strings are no canonical answer to vote on.
+    def extracted(self, completion: str) -> str | None:
         if self.cfg.answer_format == "raw":
             return completion.strip() or None
         return self._extract(completion)
 
     def reward(self, completion: str, example: Example) -> float:
-        return float(self.scorer.score_answer(self.answer(completion, example), example.data["entry"]))
+        return float(self.scorer.score_answer(self.extracted(completion), example.data["entry"]))
 
     def correct(self, completion: str, example: Example) -> bool:
         return self.reward(completion, example) >= 1.0
