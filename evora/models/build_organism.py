@@ -27,6 +27,7 @@ import torch
 
 from evora.models import BUNDLED_DIR
 from evora.models.build_tiny import _portable_tokenizer_class, bpe_tokenizer
+from evora.models.build_tiny_mix import greedy_rows
 from evora.tasks.base import Example
 from evora.tasks.builtin.countdown import CountdownConfig, CountdownTask, generated_problems
 from evora.tasks.prompts import PromptRenderer
@@ -109,23 +110,12 @@ def batch_of(renderer: PromptRenderer, batch: list[Example]) -> tuple[torch.Tens
     return ids, labels
 
 
-@torch.no_grad()
 def solved(model: Qwen2ForCausalLM, renderer: PromptRenderer, task: CountdownTask, monitor: list[Example]) -> float:
     """The share of `monitor` greedy decoding solves (the task's correctness)."""
     model.eval()
-    prompts = [renderer.ids(e) for e in monitor]
-    width = max(map(len, prompts))
-    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
-    out = model.generate(  # type: ignore[misc]  # transformers types its self as a Protocol mypy rejects
-        input_ids=ids,
-        attention_mask=(ids != PAD).long(),
-        max_new_tokens=MAX_NEW_TOKENS,
-        do_sample=False,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-    )[:, width:]
+    rows = greedy_rows(model, [renderer.ids(e) for e in monitor], MAX_NEW_TOKENS)
     model.train()
-    texts = [renderer.tokenizer.decode(row, skip_special_tokens=True) for row in out.tolist()]
+    texts = [renderer.tokenizer.decode(row, skip_special_tokens=True) for row in rows]
     return sum(task.correct(text, e) for text, e in zip(texts, monitor)) / len(monitor)
 
 

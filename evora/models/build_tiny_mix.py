@@ -37,7 +37,7 @@ from evora.tasks.builtin.families import FAMILIES
 from evora.tasks.rewards.exact import exact_answer
 
 if TYPE_CHECKING:
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 VOCAB_SIZE = 320
 STEPS = 4000
@@ -227,14 +227,12 @@ def pretrain(
 
 
 @torch.no_grad()
-def greedy_completions(
-    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_new_tokens: int = 8
-) -> list[str]:
-    """Greedy completions, cut at EOS, of a left-padded batch."""
-    encoded = [tokenizer(p).input_ids for p in prompts]
+def greedy_rows(model: PreTrainedModel, encoded: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuations (ids, EOS and the padding after it included) of a left-padded batch
+    (shared with build_organism)."""
     width = max(map(len, encoded))
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in encoded])
-    out = model.generate(  # type: ignore[misc]  # transformers types its self as a Protocol mypy rejects
+    out = model.generate(  # type: ignore[operator]  # transformers types its self as a Protocol mypy rejects
         input_ids=ids,
         attention_mask=(ids != PAD).long(),
         max_new_tokens=max_new_tokens,
@@ -242,8 +240,16 @@ def greedy_completions(
         pad_token_id=PAD,
         eos_token_id=EOS,
     )[:, width:]
+    return out.tolist()
+
+
+def greedy_completions(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_new_tokens: int = 8
+) -> list[str]:
+    """Greedy completions, cut at EOS, of a left-padded batch."""
+    rows = greedy_rows(model, [tokenizer(p).input_ids for p in prompts], max_new_tokens)
     # decode: str | list[str]; one row of ids decodes to one string.
-    return [cast(str, tokenizer.decode(row[: row.index(EOS)] if EOS in row else row)) for row in out.tolist()]
+    return [cast(str, tokenizer.decode(row[: row.index(EOS)] if EOS in row else row)) for row in rows]
 
 
 def heldout_breakdown(
