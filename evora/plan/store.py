@@ -41,16 +41,32 @@ def unfreeze(node: DictConfig) -> DictConfig:
 
 
 def register() -> None:
-    store = ConfigStore.instance()
-    store.store(name="run_schema", node=writable_schema(schema.RunConfig))
+    """Every schema, each stored once per process unless its class changed (a half second per
+    compose otherwise: Hydra deep-copies what it loads, so a stored node is never mutated)."""
+    _store(None, "run_schema", schema.RunConfig)
     for (group, name), cls in SCHEMAS.items():
-        store.store(group=group, name=name, node=writable_schema(cls))
+        _store(group, name, cls)
     for entry in entries():
-        store.store(group="strategy", name=f"{entry.name}_schema", node=writable_schema(entry.config))
+        _store("strategy", f"{entry.name}_schema", entry.config)
     for task in tasks.entries():
-        store.store(group="task", name=f"{task.name}_schema", node=writable_schema(task.config))
+        _store("task", f"{task.name}_schema", task.config)
     for name in engine_names():
-        store.store(group="engine", name=f"{name}_schema", node=writable_schema(get_engine(name).config))
+        _store("engine", f"{name}_schema", get_engine(name).config)
+
+
+# (group, name) -> the class whose schema is stored there, by this module
+_STORED: dict[tuple[str | None, str], type] = {}
+
+
+def _store(group: str | None, name: str, cls: type) -> None:
+    store = ConfigStore.instance()
+    folder = store.repo
+    for part in group.split("/") if group else ():
+        folder = folder.get(part, {})
+    if _STORED.get((group, name)) is cls and f"{name}.yaml" in folder:
+        return
+    store.store(group=group, name=name, node=writable_schema(cls))
+    _STORED[(group, name)] = cls
 
 
 def register_option(group: str, option: str, config: type, name: str) -> None:

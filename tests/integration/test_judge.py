@@ -44,6 +44,9 @@ RUN = [
     *SMALL,
     "engine=hf",
     "task.selection_size=0",
+    # Half SMALL's prompts and held-out rows: every one is a request to the judge on this CPU.
+    "task.prompts_per_generation=8",
+    "task.eval_size=32",
     "task.reward=judge",
     "task.judge.model=judge",
     f"task.judge.choices=[{','.join(SCORES)}]",
@@ -155,7 +158,7 @@ def test_a_judge_killed_mid_run_stops_it_in_one_line_and_resume_goes_on(judge_po
     assert [r["generation"] for r in records] == [0, 1, 2, 3, 4]
     assert all(r["reward_failed"] == 0 and r["reward_errors"] == 0 for r in records if r["generation"] > 0)
 
-    # The held-out rewards are the judge's answers: every other one (32) asked again, one request each,
+    # The held-out rewards are the judge's answers: every other one (16) asked again, one request each,
     # through the chat API.
     report = json.loads((run_dir / "eval" / "best_vs_base.json").read_text())
     rows = [row for group in report["counts"] for row in report[group]][::2]

@@ -84,7 +84,7 @@ def test_a_mix_gives_each_family_its_own_config_and_checks_it():
     bad = {
         "+task.family_options.countdown.number_rule=some": 'task.families.countdown: task.number_rule="some": allowed:',
         "+task.family_options.countdown.scorer=exact": "task.family_options.countdown.scorer: unknown key; allowed: "
-        "answer_block, max_number, number_rule",
+        "answer_block, max_number, number_rule, numbers",
         "+task.family_options.reversal.x=1": "task.family_options.reversal: not one of task.families",
         "+task.families.jsonl=1": "task.families.jsonl: task.data_path=None: task=jsonl needs a JSONL",
     }

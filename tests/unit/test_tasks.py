@@ -9,6 +9,7 @@ from evora.errors import ConfigError, DataError
 from evora.tasks import build_task, task_config, task_names
 from evora.tasks.builtin.addition import heldout_pairs, is_heldout_pair, training_pairs
 from evora.tasks.builtin.countdown import generate_problem
+from evora.tasks.registry import get_task
 from evora.tasks.rewards.countdown import answer_score
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -263,3 +264,15 @@ def test_generated_countdown_holds_out_one_problem_in_eight_the_same_for_every_s
         assert {n for e in (*splits.train, *splits.heldout) for n in e.data["numbers"]} <= set(range(1, 13))
     wide = build_task(task_config("countdown", train_size=40, eval_size=16), 0).splits()
     assert max(n for e in wide.train for n in e.data["numbers"]) > 12  # the paper's 1..99 by default
+    assert {len(e.data["numbers"]) for e in (*first.train, *first.heldout)} == {3, 4}  # the paper's, by default
+
+
+def test_generated_countdown_takes_the_counts_of_numbers_it_is_given():
+    """task.numbers: the merge experiment's sub-tasks (3-number and 4-number problems)."""
+    for counts in ([3], [4]):
+        splits = build_task(task_config("countdown", train_size=40, eval_size=16, numbers=counts), 0).splits()
+        assert {len(e.data["numbers"]) for e in (*splits.train, *splits.heldout)} == set(counts)
+    for bad in ([], [1], [3, 7]):
+        with pytest.raises(ConfigError) as error:
+            get_task("countdown").check(task_config("countdown", numbers=bad))
+        assert str(error.value).startswith(f"task.numbers={bad}: must be a non-empty list of integers in 2..6")

@@ -4,8 +4,8 @@ the target. Reward 0.1 x format + 1.0 x correct (`rewards/countdown.py`).
 Problems come from a JSON/JSONL/parquet file of records with `numbers`, `target` and optionally
 `context` (the full prompt, used verbatim) and `solution`, as in the ES paper's countdown.json
 (whose targets are strings, some of them non-integers: "27.4"), or are generated (solvable by
-construction) when `task.data_path` is null: numbers in 1..`task.max_number` (the paper's file:
-1..99). One generated problem in eight (by its numbers and target, `is_heldout_problem`) is held
+construction) when `task.data_path` is null: `task.numbers` numbers (3 or 4) in 1..`task.max_number`
+(the paper's file: 1..99). One generated problem in eight (by its numbers and target, `is_heldout_problem`) is held
 out: the held-out split is drawn from those alone, the same for every seed, and train and
 selection from the rest with the run seed, so no held-out problem is ever trained on (nor in the
 bundled organism's pretraining text, `evora.models.build_organism`). `task.number_rule` and
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from evora.config.checks import choice
@@ -99,11 +99,13 @@ def is_heldout_problem(numbers: list[int], target: Any) -> bool:
     return zlib.crc32(key.encode()) % HELDOUT_EIGHTH == 0
 
 
-def generated_problems(rng: random.Random, size: int, max_number: int, heldout: bool) -> list[dict[str, Any]]:
-    """`size` problems of 3 or 4 numbers in 1..max_number, each held out or each not."""
+def generated_problems(
+    rng: random.Random, size: int, max_number: int, heldout: bool, counts: tuple[int, ...] = (3, 4)
+) -> list[dict[str, Any]]:
+    """`size` problems of `counts` numbers (3 or 4: the paper's) in 1..max_number, each held out or each not."""
     problems: list[dict[str, Any]] = []
     while len(problems) < size:
-        problem = generate_problem(rng, count=rng.choice((3, 4)), max_number=max_number)
+        problem = generate_problem(rng, count=rng.choice(counts), max_number=max_number)
         if is_heldout_problem(problem["numbers"], problem["target"]) == heldout:
             problems.append(problem)
     return problems
@@ -147,12 +149,16 @@ class CountdownConfig(TaskConfig):
     number_rule: str = "all_exactly_once"  # all_exactly_once (the paper) | at_most_once
     answer_block: str = "last"  # which <answer> block is scored: last (the paper) | first
     max_number: int = 99  # generated problems: numbers in 1..max_number (the paper's file: 1..99)
+    numbers: list[int] = field(default_factory=lambda: [3, 4])  # generated: numbers per problem (the paper: 3 or 4)
 
 
 def check_countdown(cfg: CountdownConfig) -> None:
     choice("task.number_rule", cfg.number_rule, NUMBER_RULES)
     choice("task.answer_block", cfg.answer_block, ANSWER_BLOCKS)
     require_key(cfg.max_number >= 2, "task.max_number", cfg.max_number, "must be an integer >= 2")
+    counts = list(cfg.numbers)
+    valid = counts and all(type(n) is int and 2 <= n <= 6 for n in counts)
+    require_key(bool(valid), "task.numbers", counts, "must be a non-empty list of integers in 2..6")
 
 
 @register_task("countdown", config=CountdownConfig, validate=check_countdown, data_source=DATA_SOURCE)
@@ -172,9 +178,10 @@ class CountdownTask:
         if cfg.data_path is not None:
             examples = [self.example_of(p) for p in load_problems(cfg.data_path)]
             return split_examples(examples, cfg, self.seed, "countdown-split")
-        heldout = generated_problems(random.Random(HELDOUT_SEED), cfg.eval_size, cfg.max_number, heldout=True)
+        counts = tuple(cfg.numbers)
+        heldout = generated_problems(random.Random(HELDOUT_SEED), cfg.eval_size, cfg.max_number, True, counts)
         rng = random.Random(noise_key(self.seed, "countdown-problems"))
-        rest = generated_problems(rng, cfg.selection_size + cfg.train_size, cfg.max_number, heldout=False)
+        rest = generated_problems(rng, cfg.selection_size + cfg.train_size, cfg.max_number, False, counts)
         selection, train = rest[: cfg.selection_size], rest[cfg.selection_size :]
         return Splits(*(tuple(map(self.example_of, part)) for part in (train, selection, heldout)))
 
