@@ -191,6 +191,21 @@ def test_gpu_check(tmp_path):
     assert "| check | result | detail | s |" in result.stdout  # the table to paste into a note
 
 
+def test_organism(tmp_path):
+    """es and sft on the organism at least sizes, sft matched to es's FLOPs; the table, its plot and
+    evora compare's files."""
+    result = run_bench("organism.py", "--out", str(tmp_path), "--machine", "the test machine")
+    report = read(tmp_path / "organism.json", {"machine", "rows"})
+    assert [(r["strategy"], r["seed"]) for r in report["rows"]] == [("es", 0), ("sft", 0)]
+    es, sft = report["rows"]
+    assert abs(sft["flops"] - es["flops"]) / es["flops"] <= 0.5  # strategy.match stops at the step past es's FLOPs
+    assert all(r["curve"] and r["seconds"] > 0 and 0 <= r["best_accuracy"] <= 1 for r in report["rows"])
+    table = (tmp_path / "organism.md").read_text()
+    assert "| es | 1 |" in table and "| sft | 1 |" in table and "the test machine" in result.stdout
+    assert (tmp_path / "plots" / "organism_accuracy.png").stat().st_size > 0
+    assert (tmp_path / "compare.md").is_file() and (tmp_path / "plots" / "reward_kl.png").is_file()
+
+
 def test_separable(tmp_path):
     out = tmp_path / "separable.json"
     result = run_bench("separable.py", "--out", str(out))

@@ -31,6 +31,28 @@ def test_each_strategy_has_a_quickstart_experiment_on_the_tiny_model(strategy):
     assert (run.model.name, run.strategy.name, run.name) == ("tiny", strategy, f"tiny_addition_{strategy}")
 
 
+ORGANISM_CANDIDATES = 48 * 16  # organism/es: the search budget every evolution strategy there spends
+
+
+@pytest.mark.parametrize("strategy", sorted(group_options("strategy")))
+def test_each_strategy_has_an_organism_experiment_at_the_matched_budget(strategy):
+    """bench/organism.py's experiments: the organism's problems (model_task/organism_countdown.yaml,
+    or the ecology's mixture), and organism/es's compute: as many candidates, or its FLOPs."""
+    adapters = ["strategy.adapters=[evora:tiny_adapters/evolved,evora:tiny_adapters/noise]"] * (strategy == "merge")
+    run = compose_run([f"+experiment=organism/{strategy}", *adapters])
+    assert (run.model.name, run.strategy.name) == ("organism", strategy)
+    countdown = run.task.family_options["countdown"] if run.task.name == "mix" else vars(run.task)
+    assert countdown["max_number"] == 12 and run.task.max_tokens == 48
+    assert run.task.eval_size == 256 and run.task.prompts_per_generation == 32
+    cfg = run.strategy
+    if strategy in ("sft", "grpo"):
+        assert cfg.budget_flops == 6.1e12
+    elif strategy == "randopt":
+        assert cfg.population * run.generations == ORGANISM_CANDIDATES
+    elif strategy not in ("pbt", "ecology"):  # their cost per generation is their own: the table reports it
+        assert cfg.population * run.generations == ORGANISM_CANDIDATES, (cfg.population, run.generations)
+
+
 def test_the_ecologys_niches_are_an_experiment_on_the_tiny_mixture():
     mix = compose_run(["+experiment=quickstart/ecology_mix"])
     assert (mix.model.name, mix.task.name, mix.strategy.name) == ("tiny_mix", "mix", "ecology")
