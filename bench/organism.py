@@ -41,13 +41,14 @@ SUB_TASKS = {"three": "task.numbers=[3]", "four": "task.numbers=[4]"}  # merge's
 def evora(folder: Path, *overrides: str) -> tuple[Path, float]:
     """One CLI run under `folder`: (its run folder, wall seconds). Exits with its error if it failed."""
     folder.mkdir(parents=True, exist_ok=True)
+    before = set(folder.iterdir())
     started = time.perf_counter()
     command = [sys.executable, "-m", "evora", "tracking.progress=false", f"tracking.out_dir={folder}", *overrides]
     result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if result.returncode != 0:
         sys.exit(f"bench/organism.py: {' '.join(overrides)} failed ({result.returncode}): {result.stderr[-2000:]}")
-    (run,) = [p for p in folder.iterdir() if (p / "eval" / "summary.json").is_file()]
+    (run,) = [p for p in set(folder.iterdir()) - before if (p / "eval" / "summary.json").is_file()]
     return run, seconds
 
 

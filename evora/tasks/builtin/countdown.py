@@ -4,12 +4,13 @@ the target. Reward 0.1 x format + 1.0 x correct (`rewards/countdown.py`).
 Problems come from a JSON/JSONL/parquet file of records with `numbers`, `target` and optionally
 `context` (the full prompt, used verbatim) and `solution`, as in the ES paper's countdown.json
 (whose targets are strings, some of them non-integers: "27.4"), or are generated (solvable by
-construction) when `task.data_path` is null: `task.numbers` numbers (3 or 4) in 1..`task.max_number`
-(the paper's file: 1..99). One generated problem in eight (by its numbers and target, `is_heldout_problem`) is held
-out: the held-out split is drawn from those alone, the same for every seed, and train and
-selection from the rest with the run seed, so no held-out problem is ever trained on (nor in the
-bundled organism's pretraining text, `evora.models.build_organism`). `task.number_rule` and
-`task.answer_block` choose the scoring rules (`rewards/countdown.py`; the paper's by default).
+construction) when `task.data_path` is null: `task.numbers` numbers (3 or 4) in
+1..`task.max_number` (the paper's file: 1..99). One generated problem in eight (by its numbers and
+target, `is_heldout_problem`) is held out: the held-out split is drawn from those alone, the
+same for every seed, and train and selection from the rest with the run seed, so no held-out
+problem is ever trained on (nor in the bundled organism's pretraining text,
+`evora.models.build_organism`). `task.number_rule` and `task.answer_block` choose the scoring
+rules (`rewards/countdown.py`; the paper's by default).
 """
 
 from __future__ import annotations
