@@ -48,6 +48,11 @@ BEHAVIOURS = {1: hangs, 2: segfaults, 3: exits, 4: raises}  # by (a + b) % 10: 6
 
 
 class HostileSums(ProceduralDataset):
+    def __init__(self, config: HostileSumsConfig):
+        # The seed evora gives (create_dataset(seed=...)): without it ProceduralDataset draws one of
+        # its own, and the held-out problems would differ from process to process.
+        super().__init__(config=config, seed=config.seed, size=config.size)
+
     def __getitem__(self, idx: int) -> dict[str, Any]:
         draw = random.Random(self.seed + idx)
         a, b = draw.randint(0, self.config.max_value), draw.randint(0, self.config.max_value)

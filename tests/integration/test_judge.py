@@ -281,7 +281,7 @@ def test_a_judge_that_trickles_or_answers_no_score_stops_the_run_by_its_deadline
         judge.close()
     errors = [line for line in result.stderr.splitlines() if line.startswith("evora: error:")]
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-4000:]
-    assert "heldout evaluation after generation 0: all 128 rewards" in errors[0] and judge.url in errors[0], errors[0]
+    assert "heldout evaluation after generation 0: all 64 rewards" in errors[0] and judge.url in errors[0], errors[0]
     assert re.search(r"\d+ timeouts, \d+ invalid scores", errors[0]), errors[0]
     assert "task.judge.timeout_s=3 a request" in errors[0] and "task.judge.score_pattern" in errors[0], errors[0]
     assert "Traceback" not in result.stderr and time.monotonic() - started_at < 300

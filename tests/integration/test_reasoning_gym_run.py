@@ -40,7 +40,7 @@ def test_three_datasets_and_a_hostile_scorer_run_to_the_end_with_every_failure_c
         f"+task.family_options.{HOSTILE}.plugins=[hostile_gym]",
         "task.train_size=64",
         "task.selection_size=0",
-        "task.eval_size=24",
+        "task.eval_size=40",  # 10 a family: its hostile draws 3 misbehaving (two hang, one raises) and 7 fair
         "task.prompts_per_generation=16",
         "task.max_tokens=12",
         "task.reward_timeout_s=1",
@@ -74,4 +74,4 @@ def test_three_datasets_and_a_hostile_scorer_run_to_the_end_with_every_failure_c
     assert any(e in scored for e in hostile)  # and scores the rest
     for name, question in QUESTIONS.items():
         assert any(e["prompt"].startswith(question) for e in scored), name
-    assert comparison["examples"] == len(scored) + len(failed) == 24
+    assert comparison["examples"] == len(scored) + len(failed) == 40
