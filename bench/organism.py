@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from evora.tracking.metrics import read_metrics  # noqa: E402
+from evora.tracking.summary import read_summary  # noqa: E402
 
 STRATEGIES = ("es", "es_full", "eggroll", "snes", "pgpe", "randopt", "ga", "sft", "grpo", "pbt", "ecology", "merge")
 MATCHED = ("sft", "grpo")  # spend the same seed's es run's search FLOPs
@@ -48,7 +49,7 @@ def evora(folder: Path, *overrides: str) -> tuple[Path, float]:
     seconds = time.perf_counter() - started
     if result.returncode != 0:
         sys.exit(f"bench/organism.py: {' '.join(overrides)} failed ({result.returncode}): {result.stderr[-2000:]}")
-    (run,) = [p for p in set(folder.iterdir()) - before if (p / "eval" / "summary.json").is_file()]
+    (run,) = [p for p in set(folder.iterdir()) - before if read_summary(p) is not None]
     return run, seconds
 
 
@@ -70,7 +71,8 @@ def run_strategy(strategy: str, seed: int, out: Path, common: tuple[str, ...], e
 
 
 def row(strategy: str, seed: int, run: Path, seconds: float) -> dict[str, Any]:
-    summary = json.loads((run / "eval" / "summary.json").read_text())
+    summary = read_summary(run)
+    assert summary is not None, f"{run}: no summary"
     records = read_metrics(run)
     curve = [(r.get("cumulative_flops", 0.0), r["heldout_accuracy"]) for r in records if "heldout_accuracy" in r]
     return {
