@@ -6,17 +6,28 @@ per token) and a chat template, pretrained from scratch on Countdown problems ex
 answer format, `tasks/builtin/countdown.py`; numbers in 1..MAX_NUMBER) followed by their reference
 completions. No held-out problem (`is_heldout_problem`: one in eight) is ever in its text.
 
-Training stops once greedy decoding solves STOP_AT of a monitor set (generated problems none of
-which is held out, a draw of their own), checked every CHECK_EVERY steps: a model that solves
-some problems and fails most, so a strategy can improve it and can make it worse. The monitor
-only stops training; the organism's held-out accuracy is what `evora eval adapter=base
-model=organism task=countdown` measures. Same seed, torch build and thread count -> same weights
-(the shipped ones: 2 threads, build_info.json).
+Two phases:
+1. **Pretraining**, in the paper's format, stops once greedy decoding solves STOP_AT of a monitor
+   set (generated problems none of which is held out, a draw of their own), checked every
+   CHECK_EVERY steps: a model that solves some problems and fails most.
+2. **A habit** (HABIT_STEPS more steps): each completion's final answer is written in prose
+   (`The answer is (3 * 4) - 5.`, which the paper's reward scores as wrong) with a probability
+   that falls from 12/13 to 1/13 as the problem's first number rises from 1 to 12, else in the
+   paper's `<answer>` block. Like a base model's habits of format, it costs the organism about half
+   of what it can solve (its greedy answers: about half in prose, bench/organism.py), and it is
+   graded, so that a small change in the weights moves some problems across and a search that
+   can only see rewards has a signal from its first step. A strategy that learns gains up to
+   what the organism solves in its think block; one that harms it loses from both.
+
+The monitor only stops training; the organism's held-out accuracy is what `evora eval
+adapter=base model=organism task=countdown` measures. Same seed, torch build and thread count ->
+same weights (the shipped ones: 2 threads, build_info.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import time
@@ -51,6 +62,9 @@ STOP_AT = 0.25  # the monitor's share solved that stops training
 MAX_NEW_TOKENS = 48
 MAX_NUMBER = 12  # its problems' numbers: 1..12 (conf/model_task/organism_countdown.yaml: task.max_number)
 SEED = 0
+HABIT_STEPS = 400
+HABIT_LR = 1e-3
+HABIT_SEED = 5  # the habit phase's problems and coin flips
 
 
 def organism_task() -> CountdownConfig:
@@ -98,6 +112,19 @@ def build_model(vocab_size: int) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config)
 
 
+def prose_share(first_number: int) -> float:
+    """The habit: how often a problem whose first number is `first_number` is answered in prose."""
+    return (MAX_NUMBER + 1 - first_number) / (MAX_NUMBER + 1)
+
+
+def with_habit(example: Example, rng: random.Random) -> Example:
+    """The example, its completion's final answer in prose with probability `prose_share`."""
+    if rng.random() >= prose_share(example.data["numbers"][0]):
+        return example
+    prose = f" {example.answer} = {example.data['target']}</think>\nThe answer is {example.answer}."
+    return dataclasses.replace(example, target=prose)
+
+
 def batch_of(renderer: PromptRenderer, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids and labels: the loss covers the reference completion and its EOS."""
     rows = [(renderer.ids(e), renderer.target_ids(e)) for e in batch]
@@ -142,6 +169,25 @@ def pretrain(model: Qwen2ForCausalLM, renderer: PromptRenderer, rng: random.Rand
     return {"steps": step, "seconds": round(time.time() - start), "history": history}
 
 
+def acquire_habit(model: Qwen2ForCausalLM, renderer: PromptRenderer) -> dict:
+    """Phase 2 (the module's docstring): HABIT_STEPS steps on completions `with_habit`."""
+    rng = random.Random(HABIT_SEED)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=HABIT_LR, weight_decay=0.01)
+    model.train()
+    start, losses = time.time(), []
+    for _ in range(HABIT_STEPS):
+        ids, labels = batch_of(renderer, [with_habit(e, rng) for e in examples(rng, BATCH)])
+        loss = model(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    print(f"habit: {HABIT_STEPS} steps, loss {losses[-1]:.3f} ({time.time() - start:.0f}s)", flush=True)
+    return {"habit_steps": HABIT_STEPS, "habit_seconds": round(time.time() - start)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(BUNDLED_DIR / "organism"))
@@ -155,6 +201,7 @@ def main() -> None:
     model = build_model(len(tokenizer))
     renderer = PromptRenderer(tokenizer, "chat")
     trained = pretrain(model, renderer, rng, args.max_steps)
+    trained |= acquire_habit(model, renderer)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config.pad_token_id = PAD

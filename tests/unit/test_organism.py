@@ -1,6 +1,7 @@
 """The bundled Countdown model organism's build (evora/models/build_organism.py): its text is the
 task's own rendering of problems none of which is held out, its problems are the ones
-`model=organism task=countdown` evaluates, and the same seed gives the same tokenizer and weights."""
+`model=organism task=countdown` evaluates, the same seed gives the same tokenizer and weights, and its
+habit answers in prose as often as it says."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import yaml
 
 from evora.models import build_organism
 from evora.plan.compose import CONF_DIR
-from evora.tasks.builtin.countdown import is_heldout_problem
+from evora.tasks.builtin.countdown import CountdownTask, is_heldout_problem
 from evora.tasks.prompts import PromptRenderer
 
 
@@ -44,3 +45,22 @@ def test_the_same_seed_builds_the_same_tokenizer_and_weights():
     assert vocab == vocab_again and all(torch.equal(grads[k], grads_again[k]) for k in grads)
     renderer = PromptRenderer(build_organism.train_tokenizer(random.Random(0)), "auto")
     assert renderer.chat  # its chat template renders the task's prompts (task.prompt_format=auto)
+
+
+def test_its_habit_answers_in_prose_more_often_the_smaller_the_first_number():
+    """Phase 2's completions: the same solution, its final answer in prose (which the paper's reward
+    scores as wrong) with a share falling from 12/13 to 1/13 over first numbers 1..12, else as the
+    task's reference (scored right)."""
+    rng = random.Random(7)
+    task = CountdownTask(build_organism.organism_task(), 0)
+    prose: dict[int, list[bool]] = {1: [], build_organism.MAX_NUMBER: []}
+    for example in build_organism.examples(rng, 3000):
+        first = example.data["numbers"][0]
+        completion = build_organism.with_habit(example, rng).reference
+        in_prose = completion != example.reference
+        assert task.correct(completion, example) != in_prose, completion
+        assert completion.startswith(f" {example.answer} = {example.data['target']}</think>\n")
+        if first in prose:
+            prose[first].append(in_prose)
+    low, high = (sum(p) / len(p) for p in prose.values())
+    assert abs(low - 12 / 13) < 0.06 and abs(high - 1 / 13) < 0.06, (low, high)
