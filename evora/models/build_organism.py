@@ -14,7 +14,7 @@ Two phases:
    (`The answer is (3 * 4) - 5.`, which the paper's reward scores as wrong) with a probability
    that falls from 12/13 to 1/13 as the problem's first number rises from 1 to 12, else in the
    paper's `<answer>` block. Like a base model's habits of format, it costs the organism about half
-   of what it can solve (its greedy answers: about half in prose, bench/organism.py), and it is
+   of what it can solve (48% of its greedy answers are in prose: docs/tasks.md), and it is
    graded, so that a small change in the weights moves some problems across and a search that
    can only see rewards has a signal from its first step. A strategy that learns gains up to
    what the organism solves in its think block; one that harms it loses from both.
