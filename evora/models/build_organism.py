@@ -146,6 +146,18 @@ def solved(model: Qwen2ForCausalLM, renderer: PromptRenderer, task: CountdownTas
     return sum(task.correct(text, e) for text, e in zip(texts, monitor)) / len(monitor)
 
 
+def train_step(
+    model: Qwen2ForCausalLM, optimizer: torch.optim.Optimizer, ids: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """One AdamW step on the batch's completion loss (gradients clipped to norm 1); the loss."""
+    loss = model(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels).loss
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss
+
+
 def pretrain(model: Qwen2ForCausalLM, renderer: PromptRenderer, rng: random.Random, max_steps: int) -> dict:
     task = CountdownTask(organism_task(), 0)
     monitor = examples(random.Random(SEED + 1), MONITOR)
@@ -153,12 +165,7 @@ def pretrain(model: Qwen2ForCausalLM, renderer: PromptRenderer, rng: random.Rand
     model.train()
     start, history = time.time(), []
     for step in range(1, max_steps + 1):
-        ids, labels = batch_of(renderer, examples(rng, BATCH))
-        loss = model(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        loss = train_step(model, optimizer, *batch_of(renderer, examples(rng, BATCH)))
         if step % CHECK_EVERY == 0:
             share = solved(model, renderer, task, monitor)
             history.append({"step": step, "loss": round(loss.item(), 4), "monitor_solved": share})
@@ -174,15 +181,11 @@ def acquire_habit(model: Qwen2ForCausalLM, renderer: PromptRenderer) -> dict:
     rng = random.Random(HABIT_SEED)
     optimizer = torch.optim.AdamW(model.parameters(), lr=HABIT_LR, weight_decay=0.01)
     model.train()
-    start, losses = time.time(), []
-    for _ in range(HABIT_STEPS):
-        ids, labels = batch_of(renderer, [with_habit(e, rng) for e in examples(rng, BATCH)])
-        loss = model(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
+    start = time.time()
+    losses = [
+        train_step(model, optimizer, *batch_of(renderer, [with_habit(e, rng) for e in examples(rng, BATCH)])).item()
+        for _ in range(HABIT_STEPS)
+    ]
     model.eval()
     print(f"habit: {HABIT_STEPS} steps, loss {losses[-1]:.3f} ({time.time() - start:.0f}s)", flush=True)
     return {"habit_steps": HABIT_STEPS, "habit_seconds": round(time.time() - start)}
