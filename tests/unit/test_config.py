@@ -168,6 +168,7 @@ def test_configs_are_frozen():
         ("strategy.bogus=1", "strategy.bogus: unknown key; allowed: name, population, sigma"),
         ("lora.layers=[7]", "lora.layers=[7]: layer 7 out of range; allowed: 0..1"),
         ("strategy.shaping=rank", 'strategy.shaping="rank": allowed: zscore, centered_rank, nes, none'),
+        ("strategy=snes strategy.shaping=none", 'strategy.shaping="none": snes needs 0-centred weights and raw'),
         ("task.prompts_per_generation=99999", "task.prompts_per_generation=99999: must be in 1..task.train_size"),
         ("hardware.gpu_memory_utilization=1.5", "hardware.gpu_memory_utilization=1.5: must be in (0, 1]"),
         ("hardware=gpu hardware.gpus_per_worker=2", "hardware.gpus_per_worker=2: allowed: 0 (CPU engines), 1 (GPU"),

@@ -9,7 +9,7 @@ paper's), and moves
     grad_sigma = sum_k u_k (s_k^2 - 1)         sigma <- sigma * exp(eta_sigma / 2 * grad_sigma)
 
 with eta_mu = 1 and eta_sigma = (3 + ln d) / (5 sqrt d) for d values by default. Under any other
-shaping (zscore, centered_rank, none, per_prompt) the weights are first divided by the sum of their
+shaping (zscore, centered_rank, per_prompt; `none` is refused) the weights are first divided by the sum of their
 absolute values, as EvoTorch's SNES (ExpSeparableGaussian) does: NES's utilities sum to about 1.2
 in absolute value, a z-score's to about 0.8 N (24 at N = 30) and centered ranks' to N / 4, so
 unnormalised they would step 6 to 20 times as far as the paper's. `antithetic=true`
