@@ -4,6 +4,7 @@ on the bundled Countdown model organism, over seeds, through the CLI as a user r
     python bench/organism.py                          # every strategy, seeds 0 1 2 (hours on 2 CPU cores)
     python bench/organism.py --strategies es sft grpo --seeds 0
     python bench/organism.py --smoke                  # es and sft, one seed, least sizes (a minute)
+    python bench/organism.py --strategies es grpo --seeds 1 2 --add   # more rows in the same table
 
 Each strategy spends organism/es's search compute (conf/experiment/organism/): the evolution
 strategies as many candidates, sft and grpo its FLOPs (`strategy.match=` the same seed's es run);
@@ -144,27 +145,37 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, help="default: all (--smoke: es and sft)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--engine", default="hf", help="engine=<name> of every run (hf: fastest on a CPU)")
     parser.add_argument("--machine", default="this machine", help="the hardware, as the table names it")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "organism")
-    parser.add_argument("--smoke", action="store_true", help="es and sft, seed 0, least sizes: the code paths only")
+    parser.add_argument("--smoke", action="store_true", help="seed 0, least sizes: the code paths only")
+    parser.add_argument("--add", action="store_true", help="keep --out's rows; replace those run again")
     args = parser.parse_args()
-    strategies, seeds, common = args.strategies, args.seeds, (f"engine={args.engine}", "hardware.num_workers=1")
+    strategies = args.strategies or (["es", "sft"] if args.smoke else list(STRATEGIES))
+    seeds, common = args.seeds, (f"engine={args.engine}", "hardware.num_workers=1")
     if args.smoke:
-        strategies, seeds, common = ["es", "sft"], [0], (*common, *SMOKE)
-    if any(s in MATCHED for s in strategies) and "es" not in strategies:
-        strategies = ["es", *strategies]  # their budget is the es run's
+        seeds, common = [0], (*common, *SMOKE)
+    kept = earlier_rows(args.out) if args.add else []
+    es_runs = {r["seed"]: Path(r["run"]) for r in kept if r["strategy"] == "es"}
+    if any(s in MATCHED for s in strategies) and not all(seed in es_runs for seed in seeds):
+        strategies = list(dict.fromkeys(["es", *strategies]))  # their budget is the es run's
     strategies = sorted(strategies, key=lambda s: s != "es")
-    rows: list[dict[str, Any]] = []
-    es_runs: dict[int, Path] = {}
+    rows = [r for r in kept if r["strategy"] not in strategies or r["seed"] not in seeds]
     for strategy in strategies:
         for seed in seeds:
             extra = SMOKE_STRATEGY.get(strategy, ()) if args.smoke else ()
             rows.append(run_strategy(strategy, seed, args.out, (*common, *extra), es_runs))
             print(f"{strategy} seed {seed}: best {rows[-1]['best_accuracy']:.3f} in {rows[-1]['seconds']:.0f} s")
+    rows.sort(key=lambda r: (STRATEGIES.index(r["strategy"]), r["seed"]))
     write(rows, args.out, args.machine)
+
+
+def earlier_rows(out: Path) -> list[dict[str, Any]]:
+    """The rows of an earlier organism.json in `out` (none if there is none)."""
+    path = out / "organism.json"
+    return json.loads(path.read_text())["rows"] if path.is_file() else []
 
 
 def write(rows: list[dict[str, Any]], out: Path, machine: str) -> None:

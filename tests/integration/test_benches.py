@@ -192,12 +192,17 @@ def test_gpu_check(tmp_path):
 
 
 def test_organism(tmp_path):
-    """es and sft on the organism at least sizes, sft matched to es's FLOPs; the table, its plot and
-    evora compare's files."""
-    result = run_bench("organism.py", "--out", str(tmp_path), "--machine", "the test machine")
+    """es, then sft added to its table (`--add`) and matched to the kept es run's FLOPs, at least
+    sizes; the table, its plot and evora compare's files."""
+    run_bench("organism.py", "--strategies", "es", "--out", str(tmp_path))
+    [es_alone] = read(tmp_path / "organism.json", {"machine", "rows"})["rows"]
+    result = run_bench(
+        "organism.py", "--strategies", "sft", "--add", "--out", str(tmp_path), "--machine", "the test machine"
+    )
     report = read(tmp_path / "organism.json", {"machine", "rows"})
     assert [(r["strategy"], r["seed"]) for r in report["rows"]] == [("es", 0), ("sft", 0)]
     es, sft = report["rows"]
+    assert es == es_alone  # kept, not run again
     assert abs(sft["flops"] - es["flops"]) / es["flops"] <= 0.5  # strategy.match stops at the step past es's FLOPs
     assert all(r["curve"] and r["seconds"] > 0 and 0 <= r["best_accuracy"] <= 1 for r in report["rows"])
     table = (tmp_path / "organism.md").read_text()

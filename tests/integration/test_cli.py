@@ -25,6 +25,8 @@ from evora.tracking.summary import validate_summary
 
 pytestmark = pytest.mark.slow
 
+HF_RUN = (*ES_RUN, "engine=hf")  # the hf-run group's run: ES_RUN through the transformers engine
+
 
 def mean_adapter(run_dir: Path, name: str = "mean") -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "adapters" / name / "adapter_model.safetensors"))
@@ -126,14 +128,15 @@ def test_exported_adapters_load_in_peft(tiny_path):
 # --- determinism -------------------------------------------------------------------------
 
 
-@pytest.mark.xdist_group("es-run")
+@pytest.mark.xdist_group("hf-run")
 def test_one_worker_resumed_on_three_gives_bitwise_the_run_of_two_workers_throughout():
     """Worker counts and resume in one: one worker for generations 1-2, resumed on three workers for
     generation 3, against two workers uninterrupted (hardware may change on resume). ES's update
     is summed on the workers (strategies/noise_sums.py): its groups land on different workers in
-    each run, and the driver adds them in the same order."""
-    two, _ = cli_run(*ES_RUN)
-    part, _ = fresh_run("+experiment=quickstart/es", *SMALL, "generations=2", "hardware.num_workers=1")
+    each run, and the driver adds them in the same order. engine=hf: the scheduling and the sums
+    are the point; the same through vLLM's engines is test_sampled_runs.py's."""
+    two, _ = cli_run(*HF_RUN)
+    part, _ = fresh_run("+experiment=quickstart/es", *SMALL, "generations=2", "hardware.num_workers=1", "engine=hf")
     resumed = resume_run(part, "generations=3", "hardware.num_workers=3", "hardware.cpus_per_worker=0.5")
     assert "resumed at generation 2" in resumed
     assert_bitwise_equal(mean_adapter(part), mean_adapter(two))
@@ -204,10 +207,8 @@ def test_malformed_data_file_fails_with_file_and_line_before_ray(tmp_path):
 
 @pytest.mark.xdist_group("hf-run")
 def test_hf_engine_runs_the_same_loop():
-    run_dir, stdout = cli_run(
-        "+experiment=quickstart/es", *SMALL, "generations=2", "engine=hf", "hardware.num_workers=1"
-    )
-    assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    run_dir, stdout = cli_run(*HF_RUN)
+    assert [r["generation"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]
     assert "held-out reward: base model" in stdout
 
 

@@ -1,9 +1,10 @@
-"""strategy=merge end to end through the CLI, Ray and vLLM (+experiment=quickstart/merge, 5
-generations): CMA-ES finds weights for the three bundled adapters that lift the held-out reward
-from the base model's, the exported adapter is the combination of the last mean weights
-(merge_weights.jsonl) and reloads in PEFT like its merged reference; once its candidates tie,
-CMA-ES's stop() ends the run there. Its determinism (1 and N workers, killed workers, a restarted
-driver, strategy.on_cma_stop=restart) is test_chaos.py's."""
+"""strategy=merge end to end through the CLI and Ray (+experiment=quickstart/merge, 5 generations;
+engine=hf, as the combined adapter is a LoRA like any other to an engine): CMA-ES finds weights
+for the three bundled adapters that lift the held-out reward from the base model's, the exported
+adapter is the combination of the last mean weights (merge_weights.jsonl) and reloads in PEFT
+like its merged reference; once its candidates tie, CMA-ES's stop() ends the run there. Its
+determinism (1 and N workers, killed workers, a restarted driver, strategy.on_cma_stop=restart)
+is test_chaos.py's."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_the_merge_quickstart_improves_exports_its_weights_combination_and_ends_
     (tolflatfitness, before the 5 planned generations): the run evaluates, exports and summarises
     at that generation, and a resume of it runs no more. The restart option's replay is
     test_merge.py's and, under kills, test_chaos.py's."""
-    run_dir, stdout = cli_run("+experiment=quickstart/merge", "generations=5", "eval_every=5")
+    run_dir, stdout = cli_run("+experiment=quickstart/merge", "generations=5", "eval_every=5", "engine=hf")
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert summary["best"]["reward"] > summary["base"]["reward"] + 0.2, summary
     weights, records = read_metrics(run_dir, "merge_weights.jsonl"), read_metrics(run_dir)

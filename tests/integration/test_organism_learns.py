@@ -1,6 +1,9 @@
 """A learning test that can fail (issue 56, point 8): a short seeded run of `+experiment=organism/es`
 on the Countdown organism must raise its held-out accuracy (256 problems) by MARGIN over the base
-model's, and the same run with every update reversed must not raise it at all.
+model's, and the same run with every update reversed must not raise it at all. The base model
+itself, measured by the run on those problems, solves between 10% and 40% of them: room to
+improve and room to get worse (`evora eval adapter=base model=organism task=countdown` gives the
+same figure; the runs measure it anyway, so the suite does not measure it a third time).
 
 `task.fitness=-reward` reverses each update: centred ranks of the negated fitness are the negated
 ranks, so the step is the same vector with its sign flipped. The organism's habit (answers in
@@ -34,6 +37,7 @@ RUN = (
 def test_es_on_the_organism_gains_when_it_climbs_and_loses_when_its_updates_are_reversed(fitness):
     run_dir, _ = fresh_run(*RUN, f"task.fitness={fitness}")
     summary = read_summary(run_dir)
+    assert 0.10 <= summary["base"]["accuracy"] <= 0.40, summary["base"]
     gain = summary["final"]["accuracy"] - summary["base"]["accuracy"]
     if fitness == "reward":
         assert gain >= MARGIN, (summary["base"], summary["final"])

@@ -1,7 +1,8 @@
-"""strategy=snes and strategy=pgpe end to end through the CLI, Ray and vLLM (the quickstart,
-shortened to 8 generations of 16 candidates): the held-out reward rises over the base model's, the spreads moved and are
-recorded, and the exported mean adapter reloads in PEFT like its merged reference. Their
-determinism (1 and N workers, killed workers, a restarted driver) is test_chaos.py's."""
+"""strategy=snes and strategy=pgpe end to end through the CLI and Ray (the quickstart, shortened to
+8 generations of 16 candidates): the held-out reward rises over the base model's, the spreads
+moved and are recorded, and the exported mean adapter reloads in PEFT like its merged reference.
+Their determinism (1 and N workers, killed workers, a restarted driver) is test_chaos.py's.
+engine=hf: their candidates are LoRA tensors like ES's, whose way through vLLM is test_cli.py's."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("strategy", ["snes", "pgpe"])
 def test_the_quickstart_improves_and_its_adapter_loads_in_peft(strategy, tiny_path):
-    short = ("generations=8", "eval_every=4", "strategy.population=16", "task.eval_size=128")
+    short = ("generations=8", "eval_every=4", "strategy.population=16", "task.eval_size=128", "engine=hf")
     run_dir, stdout = cli_run(f"+experiment=quickstart/{strategy}", *short)
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert summary["best"]["reward"] > summary["base"]["reward"] + 0.1, summary
