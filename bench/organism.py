@@ -154,7 +154,8 @@ def main() -> None:
     parser.add_argument("--add", action="store_true", help="keep --out's rows; replace those run again")
     args = parser.parse_args()
     strategies = args.strategies or (["es", "sft"] if args.smoke else list(STRATEGIES))
-    seeds, common = args.seeds, (f"engine={args.engine}", "hardware.num_workers=1")
+    seeds: list[int] = args.seeds
+    common: tuple[str, ...] = (f"engine={args.engine}", "hardware.num_workers=1")
     if args.smoke:
         seeds, common = [0], (*common, *SMOKE)
     kept = earlier_rows(args.out) if args.add else []
@@ -168,7 +169,7 @@ def main() -> None:
             extra = SMOKE_STRATEGY.get(strategy, ()) if args.smoke else ()
             rows.append(run_strategy(strategy, seed, args.out, (*common, *extra), es_runs))
             print(f"{strategy} seed {seed}: best {rows[-1]['best_accuracy']:.3f} in {rows[-1]['seconds']:.0f} s")
-    rows.sort(key=lambda r: (STRATEGIES.index(r["strategy"]), r["seed"]))
+            save(rows, args.out, args.machine)  # a later run that fails loses none of these (--add goes on)
     write(rows, args.out, args.machine)
 
 
@@ -178,13 +179,21 @@ def earlier_rows(out: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text())["rows"] if path.is_file() else []
 
 
-def write(rows: list[dict[str, Any]], out: Path, machine: str) -> None:
-    from evora.analysis.compare import compare
-
+def save(rows: list[dict[str, Any]], out: Path, machine: str) -> str:
+    """organism.json and the table, organism.md (rows in the table's order); the table."""
+    rows.sort(key=lambda r: (STRATEGIES.index(r["strategy"]), r["seed"]))
     markdown = table(rows, machine)
     out.mkdir(parents=True, exist_ok=True)
     (out / "organism.md").write_text(markdown)
     (out / "organism.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
+    return markdown
+
+
+def write(rows: list[dict[str, Any]], out: Path, machine: str) -> None:
+    """The table, the accuracy plot and evora compare's files of every run."""
+    from evora.analysis.compare import compare
+
+    markdown = save(rows, out, machine)
     plot(rows, out / "plots" / "organism_accuracy.png")
     compare([r["run"] for r in rows], out)  # compare.md and plots/reward_kl.png of every run
     print(markdown)
