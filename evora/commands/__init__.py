@@ -21,7 +21,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "compare", "base/final/best held-out reward, compute and wall-clock of several runs, side by side"
     ),
     "runs": Subcommand("runs", "list, show or clean the run folders under runs/"),
-    "doctor": Subcommand("doctor", "the model, engines, layout and memory of a run, before Ray"),
+    "doctor": Subcommand(
+        "doctor", "the model, engines, layout and memory of a run, before Ray; --run: checks that execute here"
+    ),
     "serve": Subcommand("serve", "vLLM's OpenAI-compatible server with a run's base model and adapters by name"),
     "data": Subcommand("data", "write a task's data file in the format it reads: evora data countdown"),
 }

