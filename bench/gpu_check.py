@@ -39,7 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # evora and real_shapes from th
 from evora.engines.base import EngineSpec  # noqa: E402
 from evora.selfcheck.checks import PASSED, Node  # noqa: E402
 from evora.selfcheck.checks import run_check as run_shared  # noqa: E402
-from evora.selfcheck.runner import in_order  # noqa: E402
+from evora.selfcheck.runner import IN_PROCESS, in_order  # noqa: E402
 
 TINY = ROOT / "evora" / "models" / "tiny"
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     node = Node(
         device, size, 2 if args.smoke else 8, "hf", EngineSpec(model=str(TINY), dtype="bfloat16", device=device)
     )
-    for check in in_order():
+    for check in in_order(IN_PROCESS):  # no Ray or vLLM on a GPU machine lent here
         result = run_shared(check, node)
         add_row(table, result.name, result.status == PASSED, result.detail, result.seconds)
     shapes = run_check("real shapes", lambda: check_shapes(device, args), table)

@@ -25,6 +25,7 @@ class Node:
     prompts: int  # prompts per candidate in the engine checks
     engine: str  # the engine the engine checks build, by its registered name
     spec: EngineSpec  # what that engine is built from (the run's model, dtype, sizes)
+    overrides: tuple[str, ...] = ()  # the user's `evora doctor --run` overrides: a check's run uses them
 
 
 @dataclass(frozen=True)

@@ -9,19 +9,21 @@ import shlex
 import time
 from dataclasses import asdict
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
 from evora.config.schema import RunConfig
-from evora.selfcheck import engine_checks, numerics
+from evora.selfcheck import engine_checks, numerics, ray_run
 from evora.selfcheck.checks import CHECKS, FAILED, Check, CheckResult, Node, run_check
 from evora.selfcheck.environment import environment, environment_lines
 
-REGISTERED_BY = (numerics, engine_checks)  # the modules that register evora's checks, in the report's order
+REGISTERED_BY = (numerics, engine_checks, ray_run)  # the modules that register evora's checks, in the report's order
+IN_PROCESS = (numerics, engine_checks)  # those whose checks run in this process (ray_run starts a run)
 SIZE, PROMPTS = 256, 4  # the numeric checks' matrix width; prompts per candidate of the engine checks
 
 
-def node_of(run: RunConfig) -> Node:
+def node_of(run: RunConfig, overrides: list[str]) -> Node:
     """The node the run would use: its engine and model, on the GPU where the run asks for one."""
     from evora.distributed.worker_spec import engine_spec, vllm_target_modules
     from evora.models import locate_model
@@ -30,30 +32,32 @@ def node_of(run: RunConfig) -> Node:
     device = "cuda" if run.hardware.gpus_per_worker > 0 and torch.cuda.is_available() else "cpu"
     layout = engine_checks.candidate_layout(model)
     spec = engine_spec(run, model, max_lora_rank=layout.rank, lora_target_modules=vllm_target_modules(layout))
-    return Node(device, SIZE, PROMPTS, run.engine.name, spec)
+    return Node(device, SIZE, PROMPTS, run.engine.name, spec, tuple(overrides))
 
 
 def self_check(overrides: list[str], out: Path = Path(".")) -> int:
     from evora.plan.compose import compose_run
 
-    return run_checks(node_of(compose_run(overrides, validated=False)), overrides, out)
+    return run_checks(node_of(compose_run(overrides, validated=False), overrides), overrides, out)
 
 
-def in_order() -> list[Check]:
-    """evora's checks, module by module as REGISTERED_BY lists them, then any other registered."""
-    modules = [module.__name__ for module in REGISTERED_BY]
-    return sorted(
-        CHECKS.values(), key=lambda c: modules.index(c.run.__module__) if c.run.__module__ in modules else len(modules)
-    )
+def in_order(modules: tuple[ModuleType, ...] = REGISTERED_BY) -> list[Check]:
+    """The checks `modules` register, module by module; by default evora's, then any other registered."""
+    names = [module.__name__ for module in modules]
+    ours = [check for name in names for check in CHECKS.values() if check.run.__module__ == name]
+    if modules is not REGISTERED_BY:
+        return ours
+    return ours + [check for check in CHECKS.values() if check.run.__module__ not in names]
 
 
-def run_checks(node: Node, overrides: list[str], out: Path) -> int:
-    """Every registered check on `node`, a line each as it ends; the report in `out`; 1 if one failed."""
+def run_checks(node: Node, overrides: list[str], out: Path, checks: list[Check] | None = None) -> int:
+    """`checks` (every registered one) on `node`, a line each as it ends; the report in `out`; 1 if
+    one failed."""
     env = environment()
     print("\n".join(environment_lines(env)), flush=True)
     print(f"node         {node.device}, engine={node.engine}, model {node.spec.model}\n", flush=True)
     results = []
-    for check in in_order():
+    for check in checks if checks is not None else in_order():
         results.append(run_check(check, node))
         print(result_line(results[-1]), flush=True)
     paths = write_report(out, env, node, results, overrides)

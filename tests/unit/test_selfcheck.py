@@ -8,16 +8,19 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import pytest
-
 from conftest import TINY
 from evora.engines import registry
 from evora.engines.base import EngineSpec
 from evora.engines.hf_engine import HFEngine
 from evora.selfcheck.checks import FAILED, PASSED, SKIPPED, Check, Finding, Node, run_check
-from evora.selfcheck.runner import in_order, run_checks
+from evora.selfcheck.runner import IN_PROCESS, in_order, run_checks
 
-NODE = Node("cpu", 64, 2, "hf", EngineSpec(model=str(TINY)))
+NODE = Node("cpu", 64, 2, "hf", EngineSpec(model=str(TINY)), ("engine=hf",))
+
+
+def in_process() -> list[Check]:
+    """The checks that run in this process (the run through Ray is test_doctor_run.py's)."""
+    return in_order(IN_PROCESS)
 
 
 class TamperedEngine(HFEngine):
@@ -49,6 +52,7 @@ def test_every_check_is_declared_once_in_the_reports_order():
         "es_full update",
         "engine vs PEFT",
         "es_full in place",
+        "run through Ray",
     ]
     assert all(c.proves for c in in_order())
 
@@ -58,7 +62,7 @@ def test_an_engine_that_alters_its_tokens_fails_by_name_in_the_report_and_the_ex
         "tampered", f"{__name__}:TamperedEngine", "alters its tokens", registry.RESIDENT, "hf"
     )
     monkeypatch.setitem(registry._REGISTRY, "tampered", tampered)  # registered for this test only
-    code = run_checks(replace(NODE, engine="tampered"), ["engine=tampered"], tmp_path)
+    code = run_checks(replace(NODE, engine="tampered"), ["engine=tampered"], tmp_path, in_process())
     assert code == 1
     report = json.loads((tmp_path / "doctor-report.json").read_text())
     status = {c["name"]: c["status"] for c in report["checks"]}
@@ -72,6 +76,6 @@ def test_an_engine_that_alters_its_tokens_fails_by_name_in_the_report_and_the_ex
 
 
 def test_the_bundled_model_passes_every_check_on_the_transformers_engine(tmp_path):
-    assert run_checks(NODE, ["engine=hf"], tmp_path) == 0
+    assert run_checks(NODE, ["engine=hf"], tmp_path, in_process()) == 0
     report = json.loads((tmp_path / "doctor-report.json").read_text())
-    assert [c["status"] for c in report["checks"]] == [PASSED] * len(in_order())
+    assert [c["status"] for c in report["checks"]] == [PASSED] * len(in_process())

@@ -1,0 +1,75 @@
+"""A short run as a user starts one (`evora <overrides> generations=3`, through Ray, on every
+worker the hardware config gives: one a GPU with hardware=gpu), every worker busy in every
+generation, with its generation throughput beside the same engine generating with the base
+model alone in this process."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from evora.selfcheck.checks import Check, Finding, Node, register_check
+from evora.selfcheck.engine_checks import create
+
+GENERATIONS, POPULATION, PROMPTS, MAX_TOKENS = 3, 8, 16, 8
+# Small: a generation of 8 candidates on 16 prompts, held-out rows only at the start and the end.
+RUN = (
+    f"generations={GENERATIONS}",
+    "eval_every=0",
+    f"strategy.population={POPULATION}",
+    f"task.prompts_per_generation={PROMPTS}",
+    "task.eval_size=16",
+    "tracking.progress=false",
+)
+
+
+def check_ray_run(node: Node) -> Finding:
+    from evora.tracking.metrics import read_metrics
+
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "evora", *node.overrides, *RUN, f"tracking.out_dir={out}"]
+        done = subprocess.run(command, cwd=out, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            error = [line for line in done.stderr.splitlines() if line.startswith("evora: error:")]
+            why = error[-1] if error else done.stderr.strip().splitlines()[-1:]
+            return Finding(False, f"the run exited {done.returncode}: {why}", "the run's own error names it")
+        [run_dir] = [p for p in Path(out).iterdir() if p.is_dir()]
+        records = [r for r in read_metrics(run_dir) if r["generation"] > 0]
+    workers = records[-1]["workers"]
+    idle = [r["generation"] for r in records if len(r["seconds_busy_by_worker"]) < workers]
+    rate = statistics.mean(r["tokens_per_second"] for r in records[1:])  # the first warms the engines up
+    base = base_only_rate(node, records[-1]["units"], POPULATION * PROMPTS, int(records[-1]["tokens"]))
+    detail = (
+        f"{len(records)} generations on {workers} workers, {'every worker busy' if not idle else f'idle in {idle}'}; "
+        f"{rate / workers:,.0f} tokens/s a worker, {rate / workers / base:.2f} of the engine generating "
+        f"as many tokens with the base model alone ({base:,.0f} tokens/s)"
+    )
+    return Finding(len(records) == GENERATIONS and not idle, detail, "hardware.min_units" if idle else "")
+
+
+def base_only_rate(node: Node, calls: int, requests: int, tokens: int) -> float:
+    """Generated tokens a second of the node's engine, base model, greedy, in calls of a unit's
+    requests (a generation's `requests` in its `calls`) until it has generated `tokens`."""
+    engine = create(node)
+    per_call = max(requests // max(calls, 1), 1)
+    rows = [[1, 5 + i % 50, 9 + i % 30, 17] for i in range(per_call)]
+    engine.generate(rows[:4], [None] * len(rows[:4]), MAX_TOKENS)  # warm-up
+    generated, start = 0, time.perf_counter()
+    while generated < tokens:
+        generated += sum(c.num_tokens for c in engine.generate(rows, [None] * len(rows), MAX_TOKENS))
+    seconds = time.perf_counter() - start
+    engine.shutdown()
+    return generated / seconds
+
+
+register_check(
+    Check(
+        "run through Ray",
+        f"a {GENERATIONS}-generation run as a user starts it, on every worker, each busy every generation",
+        check_ray_run,
+    )
+)
