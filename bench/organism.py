@@ -153,6 +153,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="seed 0, least sizes: the code paths only")
     parser.add_argument("--add", action="store_true", help="keep --out's rows; replace those run again")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # each run's own folder is its working directory
     strategies = args.strategies or (["es", "sft"] if args.smoke else list(STRATEGIES))
     seeds: list[int] = args.seeds
     common: tuple[str, ...] = (f"engine={args.engine}", "hardware.num_workers=1")
