@@ -15,6 +15,7 @@ models built from transformers' config classes), and one table to paste into a n
               tokens against PEFT's own `PeftModel.generate` of the same adapters
   in place    es_full's candidate set inside the engine from seeds (`perturb_base`) is bitwise the
               fp32 candidate cast to the engine's dtype; the restore is bitwise the master's cast
+  MoE         the engine check on a tiny random-weight Qwen3-MoE, every expert adapted
   shapes      bench/real_shapes.py at Qwen2.5-1.5B's widths on --layers layers (extrapolated to
               28): es_full per candidate (goal: under 0.1 s) beside the paper's way, its update at
               population 30 (goal: under 3 s), EGGROLL's update, checksums and weight syncs

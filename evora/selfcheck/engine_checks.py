@@ -28,13 +28,18 @@ MAX_TOKENS = 8
 
 def create(node: Node, **changes: Any) -> Engine:
     """The node's engine, with its process environment set as a worker's is (vLLM reads it on import)."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()  # the report's lines, not a bar per model load
+    quiet()
     entry = get_engine(node.engine)
     spec = dataclasses.replace(node.spec, **changes)
     os.environ.update(entry.environment(spec))
     return entry.create(spec)
+
+
+def quiet() -> None:
+    """The report's lines, not a progress bar per model written or loaded."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
 
 
 def candidate_layout(model: str) -> AdapterLayout:
@@ -122,5 +127,38 @@ register_check(
         "es_full in place",
         "es_full's candidates set inside the engine from seeds are the fp32 ones cast, and restore exactly",
         check_in_place,
+    )
+)
+
+
+def check_mixture_of_experts(node: Node) -> Finding:
+    """`engine vs PEFT` on a tiny random-weight Qwen3-MoE (4 experts, 2 a token), built here."""
+    from evora.distributed.worker_spec import vllm_target_modules
+    from evora.models.build_family import build_family
+
+    quiet()
+    with tempfile.TemporaryDirectory() as folder:
+        model = str(build_family("qwen3_moe", folder))
+        targets = vllm_target_modules(candidate_layout(model))
+        spec = dataclasses.replace(node.spec, model=model, tokenizer=None, lora_target_modules=targets)
+        finding = check_engine_vs_peft(dataclasses.replace(node, spec=spec))
+    return dataclasses.replace(finding, detail=f"Qwen3-MoE, every expert adapted: {finding.detail}")
+
+
+def moe_unsupported(node: Node) -> str | None:
+    """Why the node's engine cannot run LoRA on a mixture of experts here, or None."""
+    from evora.lora.modules import modules_of_config
+    from evora.models.build_family import FAMILIES
+
+    support = get_engine(node.engine).supports(modules_of_config(FAMILIES["qwen3_moe"]()), node.device)
+    return None if support.runs else support.why
+
+
+register_check(
+    Check(
+        "mixture of experts",
+        "the engine vs PEFT check on a tiny Qwen3-MoE: LoRA on every expert, in one batch",
+        check_mixture_of_experts,
+        skip=moe_unsupported,
     )
 )

@@ -185,6 +185,7 @@ def test_gpu_check(tmp_path):
         "es_full update",
         "engine vs PEFT",
         "es_full in place",
+        "mixture of experts",
         "real shapes",
     ]
     assert all(c["passed"] for c in report["checks"]), report["checks"]

@@ -52,6 +52,7 @@ def test_every_check_is_declared_once_in_the_reports_order():
         "es_full update",
         "engine vs PEFT",
         "es_full in place",
+        "mixture of experts",
         "run through Ray",
     ]
     assert all(c.proves for c in in_order())
@@ -66,13 +67,15 @@ def test_an_engine_that_alters_its_tokens_fails_by_name_in_the_report_and_the_ex
     assert code == 1
     report = json.loads((tmp_path / "doctor-report.json").read_text())
     status = {c["name"]: c["status"] for c in report["checks"]}
-    assert status.pop("engine vs PEFT") == FAILED and set(status.values()) == {PASSED}, report["checks"]
-    [failed] = [c for c in report["checks"] if c["status"] == FAILED]
+    altered = ("engine vs PEFT", "mixture of experts")  # the second is the first on a tiny MoE
+    assert [status.pop(name) for name in altered] == [FAILED, FAILED], report["checks"]
+    assert set(status.values()) == {PASSED}, report["checks"]
+    failed = {c["name"]: c for c in report["checks"] if c["status"] == FAILED}["engine vs PEFT"]
     assert failed["detail"].startswith("0/8 completions token for token") and "engine.name=tampered" in failed["fix"]
     assert report["command"] == "evora doctor --run engine=tampered" and report["environment"]["packages"]["torch"]
     markdown = (tmp_path / "doctor-report.md").read_text()
     assert "| engine vs PEFT | failed | 0/8 completions" in markdown and "max \\|update - float64\\|" in markdown
-    assert "verdict      1 failed: engine vs PEFT" in capsys.readouterr().out
+    assert "verdict      2 failed: engine vs PEFT, mixture of experts" in capsys.readouterr().out
 
 
 def test_the_bundled_model_passes_every_check_on_the_transformers_engine(tmp_path):
