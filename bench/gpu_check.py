@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # evora and real_shapes from this checkout
 
 from evora.engines.base import EngineSpec  # noqa: E402
-from evora.selfcheck.checks import PASSED, Node  # noqa: E402
+from evora.selfcheck.checks import PASSED, SKIPPED, Node  # noqa: E402
 from evora.selfcheck.checks import run_check as run_shared  # noqa: E402
 from evora.selfcheck.runner import IN_PROCESS, in_order  # noqa: E402
 
@@ -73,13 +73,14 @@ def run_check(name: str, fn: Callable[[], tuple], table: list[dict]) -> Any:
         passed, detail, *extra = fn()
     except Exception as error:  # a check that breaks is a failed check, and the others still run
         passed, detail, extra = False, f"{type(error).__name__}: {error}", []
-    add_row(table, name, bool(passed), detail, time.perf_counter() - start)
+    add_row(table, name, "pass" if passed else "FAIL", detail, time.perf_counter() - start)
     return extra[0] if extra else None
 
 
-def add_row(table: list[dict], name: str, passed: bool, detail: str, seconds: float) -> None:
-    table.append({"check": name, "passed": passed, "detail": detail, "seconds": seconds})
-    print(f"| {name} | {'pass' if passed else 'FAIL'} | {detail} | {seconds:.1f} |", flush=True)
+def add_row(table: list[dict], name: str, result: str, detail: str, seconds: float) -> None:
+    """A row of the table: result pass, FAIL or skip (a skipped check has not failed, nor passed)."""
+    table.append({"check": name, "passed": result == "pass", "result": result, "detail": detail, "seconds": seconds})
+    print(f"| {name} | {result} | {detail} | {seconds:.1f} |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     for check in in_order(IN_PROCESS):  # no Ray or vLLM on a GPU machine lent here
         result = run_shared(check, node)
-        add_row(table, result.name, result.status == PASSED, result.detail, result.seconds)
+        shown = {PASSED: "pass", SKIPPED: "skip"}.get(result.status, "FAIL")
+        add_row(table, result.name, shown, result.detail, result.seconds)
     shapes = run_check("real shapes", lambda: check_shapes(device, args), table)
     Path(args.out).write_text(json.dumps({"device": name, "checks": table, "shapes": shapes}, indent=1))
-    return 0 if all(row["passed"] for row in table) else 1
+    return 0 if all(row["result"] != "FAIL" for row in table) else 1
 
 
 if __name__ == "__main__":

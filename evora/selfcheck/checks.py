@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from evora.config.schema import RunConfig
 from evora.engines.base import EngineSpec
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
@@ -26,6 +27,7 @@ class Node:
     engine: str  # the engine the engine checks build, by its registered name
     spec: EngineSpec  # what that engine is built from (the run's model, dtype, sizes)
     overrides: tuple[str, ...] = ()  # the user's `evora doctor --run` overrides: a check's run uses them
+    run: RunConfig | None = None  # the run those overrides compose (None: checks that need it skip)
 
 
 @dataclass(frozen=True)

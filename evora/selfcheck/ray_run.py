@@ -11,7 +11,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from evora.engines.registry import get_engine
 from evora.selfcheck.checks import Check, Finding, Node, register_check
 from evora.selfcheck.engine_checks import create
 
@@ -27,20 +29,32 @@ RUN = (
 )
 
 
-def check_ray_run(node: Node) -> Finding:
+def short_run(node: Node, *extra: str) -> list[dict[str, Any]] | Finding:
+    """A short run with the user's overrides and `extra`: its searched generations' records, or
+    the failed Finding that quotes its one-line error."""
     from evora.tracking.metrics import read_metrics
 
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "evora", *node.overrides, *RUN, f"tracking.out_dir={out}"]
+        command = [sys.executable, "-m", "evora", *node.overrides, *RUN, *extra, f"tracking.out_dir={out}"]
         done = subprocess.run(command, cwd=out, capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
             error = [line for line in done.stderr.splitlines() if line.startswith("evora: error:")]
             why = error[-1] if error else done.stderr.strip().splitlines()[-1:]
             return Finding(False, f"the run exited {done.returncode}: {why}", "the run's own error names it")
         [run_dir] = [p for p in Path(out).iterdir() if p.is_dir()]
-        records = [r for r in read_metrics(run_dir) if r["generation"] > 0]
-    workers = records[-1]["workers"]
-    idle = [r["generation"] for r in records if len(r["seconds_busy_by_worker"]) < workers]
+        return [r for r in read_metrics(run_dir) if r["generation"] > 0]
+
+
+def idle_generations(records: list[dict[str, Any]]) -> list[int]:
+    """Generations in which a worker had no unit."""
+    return [r["generation"] for r in records if len(r["seconds_busy_by_worker"]) < r["workers"]]
+
+
+def check_ray_run(node: Node) -> Finding:
+    records = short_run(node)
+    if isinstance(records, Finding):
+        return records
+    workers, idle = records[-1]["workers"], idle_generations(records)
     rate = statistics.mean(r["tokens_per_second"] for r in records[1:])  # the first warms the engines up
     base = base_only_rate(node, records[-1]["units"], POPULATION * PROMPTS, int(records[-1]["tokens"]))
     detail = (
@@ -49,6 +63,25 @@ def check_ray_run(node: Node) -> Finding:
         f"as many tokens with the base model alone ({base:,.0f} tokens/s)"
     )
     return Finding(len(records) == GENERATIONS and not idle, detail, "hardware.min_units" if idle else "")
+
+
+def check_tensor_parallel(node: Node) -> Finding:
+    records = short_run(node, "hardware.tensor_parallel_size=2")
+    if isinstance(records, Finding):
+        return records
+    workers, idle = records[-1]["workers"], idle_generations(records)
+    detail = f"{len(records)} generations on {workers} workers of 2 GPUs each, every worker busy: {not idle}"
+    return Finding(len(records) == GENERATIONS and not idle, detail, "hardware.tensor_parallel_size" if idle else "")
+
+
+def tensor_parallel_unavailable(node: Node) -> str | None:
+    """Why tensor parallel 2 cannot run here, or None."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not get_engine(node.engine).tensor_parallel:
+        return f"engine={node.engine} does not shard a model over GPUs"
+    return None if gpus >= 2 and node.device == "cuda" else f"needs 2 GPUs and hardware=gpu; this node has {gpus}"
 
 
 def base_only_rate(node: Node, calls: int, requests: int, tokens: int) -> float:
@@ -71,5 +104,13 @@ register_check(
         "run through Ray",
         f"a {GENERATIONS}-generation run as a user starts it, on every worker, each busy every generation",
         check_ray_run,
+    )
+)
+register_check(
+    Check(
+        "tensor parallel 2",
+        "the same short run with each worker's engine sharded over 2 GPUs (NCCL between them)",
+        check_tensor_parallel,
+        skip=tensor_parallel_unavailable,
     )
 )

@@ -14,12 +14,17 @@ from types import ModuleType
 import torch
 
 from evora.config.schema import RunConfig
-from evora.selfcheck import engine_checks, numerics, ray_run
+from evora.selfcheck import engine_checks, memory_check, numerics, ray_run
 from evora.selfcheck.checks import CHECKS, FAILED, Check, CheckResult, Node, run_check
 from evora.selfcheck.environment import environment, environment_lines
 
-REGISTERED_BY = (numerics, engine_checks, ray_run)  # the modules that register evora's checks, in the report's order
-IN_PROCESS = (numerics, engine_checks)  # those whose checks run in this process (ray_run starts a run)
+REGISTERED_BY = (
+    numerics,
+    engine_checks,
+    memory_check,
+    ray_run,
+)  # the modules that register evora's checks, in the report's order
+IN_PROCESS = (numerics, engine_checks, memory_check)  # those whose checks run in this process (ray_run starts a run)
 SIZE, PROMPTS = 256, 4  # the numeric checks' matrix width; prompts per candidate of the engine checks
 
 
@@ -32,7 +37,7 @@ def node_of(run: RunConfig, overrides: list[str]) -> Node:
     device = "cuda" if run.hardware.gpus_per_worker > 0 and torch.cuda.is_available() else "cpu"
     layout = engine_checks.candidate_layout(model)
     spec = engine_spec(run, model, max_lora_rank=layout.rank, lora_target_modules=vllm_target_modules(layout))
-    return Node(device, SIZE, PROMPTS, run.engine.name, spec, tuple(overrides))
+    return Node(device, SIZE, PROMPTS, run.engine.name, spec, tuple(overrides), run)
 
 
 def self_check(overrides: list[str], out: Path = Path(".")) -> int:

@@ -186,9 +186,10 @@ def test_gpu_check(tmp_path):
         "engine vs PEFT",
         "es_full in place",
         "mixture of experts",
+        "memory at your model",
         "real shapes",
     ]
-    assert all(c["passed"] for c in report["checks"]), report["checks"]
+    assert [c["result"] for c in report["checks"]] == ["pass"] * 7 + ["skip", "pass"], report["checks"]
     assert "| check | result | detail | s |" in result.stdout  # the table to paste into a note
 
 
