@@ -3,6 +3,9 @@ execute on this node (evora/selfcheck) and the report to paste into an issue."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from evora.commands.exits import die
 from evora.errors import EvoraError
 
@@ -12,9 +15,7 @@ def main(argv: list[str]) -> None:
     with --run, the checks that execute here, and doctor-report.md / .json in the current folder."""
     try:
         if "--run" in argv:
-            from evora.selfcheck.runner import self_check
-
-            code = self_check([a for a in argv if a != "--run"])
+            code = run_here([a for a in argv if a != "--run"])
         else:
             from evora.doctor import doctor
 
@@ -22,3 +23,13 @@ def main(argv: list[str]) -> None:
     except EvoraError as error:
         die(error)
     raise SystemExit(code)
+
+
+def run_here(overrides: list[str]) -> int:
+    """The checks on this node, in this process: its environment first, as an engine worker's."""
+    from evora.engines.environment import engine_environment
+    from evora.selfcheck.runner import node_for, run_checks
+
+    node = node_for(overrides)
+    os.environ.update(engine_environment(node.engine, node.spec))
+    return run_checks(node, overrides, Path("."))

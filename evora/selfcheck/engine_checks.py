@@ -6,7 +6,6 @@ from `node.spec` through the engine registry, as a worker builds it."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,12 +26,10 @@ MAX_TOKENS = 8
 
 
 def create(node: Node, **changes: Any) -> Engine:
-    """The node's engine, with its process environment set as a worker's is (vLLM reads it on import)."""
+    """The node's engine. Its process environment (what vLLM reads on import) is the entry point's
+    to set, as a worker's is set for it: `evora doctor --run` sets it before the checks run."""
     quiet()
-    entry = get_engine(node.engine)
-    spec = dataclasses.replace(node.spec, **changes)
-    os.environ.update(entry.environment(spec))
-    return entry.create(spec)
+    return get_engine(node.engine).create(dataclasses.replace(node.spec, **changes))
 
 
 def quiet() -> None:

@@ -40,10 +40,11 @@ def node_of(run: RunConfig, overrides: list[str]) -> Node:
     return Node(device, SIZE, PROMPTS, run.engine.name, spec, tuple(overrides), run)
 
 
-def self_check(overrides: list[str], out: Path = Path(".")) -> int:
+def node_for(overrides: list[str]) -> Node:
+    """The node of the run `overrides` compose (bad input raises its one-line error)."""
     from evora.plan.compose import compose_run
 
-    return run_checks(node_of(compose_run(overrides, validated=False), overrides), overrides, out)
+    return node_of(compose_run(overrides, validated=False), overrides)
 
 
 def in_order(modules: tuple[ModuleType, ...] = REGISTERED_BY) -> list[Check]:
