@@ -44,7 +44,7 @@ def node_for(overrides: list[str]) -> Node:
     """The node of the run `overrides` compose (bad input raises its one-line error)."""
     from evora.plan.compose import compose_run
 
-    return node_of(compose_run(overrides, validated=False), overrides)
+    return node_of(compose_run(overrides), overrides)  # validated: the checks run what it composes
 
 
 def in_order(modules: tuple[ModuleType, ...] = REGISTERED_BY) -> list[Check]:

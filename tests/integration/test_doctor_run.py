@@ -31,3 +31,12 @@ def test_doctor_run_executes_every_check_on_the_vllm_engine_and_writes_the_repor
     ray_run = {c["name"]: c["detail"] for c in report["checks"]}["run through Ray"]
     assert ray_run.startswith("3 generations on 2 workers, every worker busy"), ray_run
     assert "verdict      every check that ran passed" in result.stdout
+
+
+def test_bad_input_is_one_line_before_any_check(tmp_path):
+    result = run_evora(["doctor", "--run", "strategy.population=1"], cwd=tmp_path)
+    assert (
+        result.returncode == 2
+        and result.stderr.strip() == "evora: error: strategy.population=1: must be an integer >= 2"
+    )
+    assert not list(tmp_path.iterdir())  # no report: nothing ran
