@@ -1,7 +1,8 @@
 """The run's engine on this node: several LoRA candidates in one batch against PEFT's own
-`generate` of the same adapters (greedy, token for token), and es_full's candidates set inside
-the engine from seeds and restored, bitwise. The engine is the one `node.engine` names, built
-from `node.spec` through the engine registry, as a worker builds it."""
+`generate` of the same adapters (greedy, token for token, fp32), on the run's model and on a tiny
+mixture of experts; and es_full's candidates set inside the engine from seeds and restored,
+bitwise. The engine is the one `node.engine` names, built from `node.spec` through the engine
+registry, as a worker builds it."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def check_engine_vs_peft(node: Node) -> Finding:
             base = peft.unload()
     total = len(refs) * len(rows)
     detail = f"{same}/{total} completions token for token ({len(refs)} candidates in one batch, fp32)"
-    return Finding(same == total, detail, "" if same == total else f"engine.name={node.engine}: try engine=hf")
+    return Finding(same == total, detail, "" if same == total else f"engine={node.engine} (its LoRA path)")
 
 
 def peft_tokens(peft: Any, row: list[int], eos: int, device: str) -> list[int]:
@@ -109,7 +110,9 @@ def check_in_place(node: Node) -> Finding:
     restored = all(torch.equal(held[k], master.tensors[k].to(dtype).cpu()) for k in names)
     engine.shutdown()
     detail = f"perturbed bitwise: {exact}; restored bitwise: {restored} ({len(names)} matrices, {dtype})"
-    return Finding(exact and restored, detail, "" if exact and restored else f"engine.name={node.engine}")
+    return Finding(
+        exact and restored, detail, "" if exact and restored else f"engine={node.engine} (its weight writes)"
+    )
 
 
 register_check(

@@ -1,7 +1,7 @@
 """A short run as a user starts one (`evora <overrides> generations=3`, through Ray, on every
 worker the hardware config gives: one a GPU with hardware=gpu), every worker busy in every
 generation, with its generation throughput beside the same engine generating with the base
-model alone in this process."""
+model alone in this process; and the same run with each engine over 2 GPUs (tensor parallel)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,21 @@ from evora.selfcheck.checks import Check, Finding, Node, register_check
 from evora.selfcheck.engine_checks import create
 
 GENERATIONS, POPULATION, PROMPTS, MAX_TOKENS = 3, 8, 16, 8
-# Small: a generation of 8 candidates on 16 prompts, held-out rows only at the start and the end.
+# Small: 16 prompts a generation (8 candidates where the strategy has a population), held-out
+# rows only at the start and the end.
 RUN = (
     f"generations={GENERATIONS}",
     "eval_every=0",
-    f"strategy.population={POPULATION}",
     f"task.prompts_per_generation={PROMPTS}",
     "task.eval_size=16",
     "tracking.progress=false",
 )
+
+
+def sized(node: Node) -> tuple[str, ...]:
+    """RUN, with the population set where the user's strategy has one."""
+    keys = {field.name for field in fields(node.run.strategy)} if node.run is not None else {"population"}
+    return (*RUN, f"strategy.population={POPULATION}") if "population" in keys else RUN
 
 
 def short_run(node: Node, *extra: str) -> list[dict[str, Any]] | Finding:
@@ -35,7 +42,7 @@ def short_run(node: Node, *extra: str) -> list[dict[str, Any]] | Finding:
     from evora.tracking.metrics import read_metrics
 
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "evora", *node.overrides, *RUN, *extra, f"tracking.out_dir={out}"]
+        command = [sys.executable, "-m", "evora", *node.overrides, *sized(node), *extra, f"tracking.out_dir={out}"]
         done = subprocess.run(command, cwd=out, capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
             error = [line for line in done.stderr.splitlines() if line.startswith("evora: error:")]
@@ -46,8 +53,12 @@ def short_run(node: Node, *extra: str) -> list[dict[str, Any]] | Finding:
 
 
 def idle_generations(records: list[dict[str, Any]]) -> list[int]:
-    """Generations in which a worker had no unit."""
-    return [r["generation"] for r in records if len(r["seconds_busy_by_worker"]) < r["workers"]]
+    """Generations in which a worker had no unit (of those whose work is cut into units)."""
+    return [
+        r["generation"]
+        for r in records
+        if "seconds_busy_by_worker" in r and len(r["seconds_busy_by_worker"]) < r["workers"]
+    ]
 
 
 def check_ray_run(node: Node) -> Finding:
@@ -55,10 +66,14 @@ def check_ray_run(node: Node) -> Finding:
     if isinstance(records, Finding):
         return records
     workers, idle = records[-1]["workers"], idle_generations(records)
-    rate = statistics.mean(r["tokens_per_second"] for r in records[1:])  # the first warms the engines up
-    base = base_only_rate(node, records[-1]["units"], POPULATION * PROMPTS, int(records[-1]["tokens"]))
+    done = f"{len(records)} generations on {workers} workers"
+    searched = [r for r in records if "tokens_per_second" in r]
+    if len(searched) < 2:  # a strategy whose generations train on the driver (sft, grpo): no search units
+        return Finding(len(records) == GENERATIONS, f"{done}; its generations have no search units to time")
+    rate = statistics.mean(r["tokens_per_second"] for r in searched[1:])  # the first warms the engines up
+    base = base_only_rate(node, searched[-1]["units"], POPULATION * PROMPTS, int(searched[-1]["tokens"]))
     detail = (
-        f"{len(records)} generations on {workers} workers, {'every worker busy' if not idle else f'idle in {idle}'}; "
+        f"{done}, {'every worker busy' if not idle else f'idle in {idle}'}; "
         f"{rate / workers:,.0f} tokens/s a worker, {rate / workers / base:.2f} of the engine generating "
         f"as many tokens with the base model alone ({base:,.0f} tokens/s)"
     )

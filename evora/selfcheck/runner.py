@@ -18,13 +18,10 @@ from evora.selfcheck import engine_checks, memory_check, numerics, ray_run
 from evora.selfcheck.checks import CHECKS, FAILED, Check, CheckResult, Node, run_check
 from evora.selfcheck.environment import environment, environment_lines
 
-REGISTERED_BY = (
-    numerics,
-    engine_checks,
-    memory_check,
-    ray_run,
-)  # the modules that register evora's checks, in the report's order
-IN_PROCESS = (numerics, engine_checks, memory_check)  # those whose checks run in this process (ray_run starts a run)
+# The modules that register evora's checks, in the report's order; those whose checks run in this
+# process (ray_run's start runs of their own), which bench/gpu_check.py runs where Ray is not.
+REGISTERED_BY = (numerics, engine_checks, memory_check, ray_run)
+IN_PROCESS = (numerics, engine_checks, memory_check)
 SIZE, PROMPTS = 256, 4  # the numeric checks' matrix width; prompts per candidate of the engine checks
 
 

@@ -73,7 +73,7 @@ def test_an_engine_that_alters_its_tokens_fails_by_name_in_the_report_and_the_ex
     assert [status.pop(name) for name in altered] == [FAILED, FAILED], report["checks"]
     assert status.pop("memory at your model") == SKIPPED and set(status.values()) == {PASSED}, report["checks"]
     failed = {c["name"]: c for c in report["checks"] if c["status"] == FAILED}["engine vs PEFT"]
-    assert failed["detail"].startswith("0/8 completions token for token") and "engine.name=tampered" in failed["fix"]
+    assert failed["detail"].startswith("0/8 completions token for token") and "engine=tampered" in failed["fix"]
     assert report["command"] == "evora doctor --run engine=tampered" and report["environment"]["packages"]["torch"]
     markdown = (tmp_path / "doctor-report.md").read_text()
     assert "| engine vs PEFT | failed | 0/8 completions" in markdown and "max \\|update - float64\\|" in markdown
