@@ -82,7 +82,7 @@ def row(strategy: str, seed: int, run: Path, seconds: float) -> dict[str, Any]:
         "run": str(run),
         "base_accuracy": summary["base"]["accuracy"],
         "best_accuracy": summary["best"]["accuracy"],
-        "final_accuracy": summary["final"]["accuracy"],
+        "final_accuracy": (summary["final"] or {}).get("accuracy"),  # pbt has no final center
         "best_kl": summary["best"].get("kl"),
         "flops": summary["compute"]["search"]["flops"],
         "tokens_generated": summary["compute"]["search"]["tokens_generated"],
