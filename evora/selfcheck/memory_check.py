@@ -4,9 +4,8 @@ checks its `gpu_memory_utilization` share against when it starts."""
 
 from __future__ import annotations
 
+from evora.models.memory import GIB
 from evora.selfcheck.checks import Check, Finding, Node, register_check
-
-GIB = 2**30
 
 
 def check_memory(node: Node) -> Finding:
