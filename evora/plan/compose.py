@@ -55,6 +55,15 @@ _PASSIVE_FLAGS = {
     "--resolve",
 }
 
+# Hydra's modes, of which it takes one: flag -> the mode's name in an error.
+_MODE_FLAGS = {
+    **dict.fromkeys(("-m", "--multirun"), "-m"),
+    **dict.fromkeys(("-r", "--run"), "--run"),
+    **dict.fromkeys(("-c", "--cfg"), "--cfg"),
+    **dict.fromkeys(("-i", "--info"), "--info"),
+    **dict.fromkeys(("-sc", "--shell-completion"), "--shell-completion"),
+}
+
 
 def new_run_dir(out_dir: str, name: str, now: datetime | None = None) -> str:
     stamp = (now or datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
@@ -174,6 +183,12 @@ def run_config_from_dict(data: dict[str, Any]) -> schema.RunConfig:
 
 def overrides_of(argv: list[str]) -> list[str] | None:
     """The override arguments of a command line; None when Hydra only prints something."""
+    modes = sorted({_MODE_FLAGS[arg] for arg in argv if arg in _MODE_FLAGS})
+    if len(modes) > 1:
+        raise ConfigError(
+            f"{' and '.join(modes)} cannot go together: Hydra does one of them "
+            "(drop -m to print one job's config: evora <overrides> --cfg job)"
+        )
     overrides, skip_next = [], False
     for arg in argv:
         if skip_next:

@@ -232,6 +232,8 @@ def test_an_optuna_search_interval_is_checked_at_both_ends():
 def test_hydra_print_flags_skip_the_preflight():
     assert overrides_of(["--cfg", "job", "seed=1"]) is None
     assert overrides_of(["-m", "seed=1", "hydra.verbose=true"]) == ["seed=1", "hydra.verbose=true"]
+    with pytest.raises(ConfigError, match=r"^--cfg and -m cannot go together"):
+        overrides_of(["-m", "seed=0,1", "--cfg", "job"])  # Hydra's own answer is a traceback
 
 
 def test_vllm_lora_ranks_match_the_installed_vllm():
