@@ -213,6 +213,16 @@ def test_organism(tmp_path):
     assert (tmp_path / "compare.md").is_file() and (tmp_path / "plots" / "reward_kl.png").is_file()
 
 
+def test_organism_sweep(tmp_path):
+    """An Optuna grid of es's sigma (2 trials at least sizes): its table from the sweep's own summary."""
+    run_bench("organism_sweep.py", "--out", str(tmp_path))
+    [es] = read(tmp_path / "organism_sweep.json", {"machine", "sweeps"})["sweeps"]
+    assert sorted(t["values"]["strategy.sigma"] for t in es["trials"]) == [0.05, 0.1]
+    assert all(0 <= t["accuracy"] <= 1 for t in es["trials"]) and 0 < es["base"] < 1
+    assert (Path(es["sweep"]) / "optimization_results.yaml").is_file()  # Optuna's own result
+    assert "| 0.05 |" in (tmp_path / "organism_sweep.md").read_text()
+
+
 def test_separable(tmp_path):
     out = tmp_path / "separable.json"
     result = run_bench("separable.py", "--out", str(out))
