@@ -5,6 +5,7 @@ on the bundled Countdown model organism, over seeds, through the CLI as a user r
     python bench/organism.py --strategies es sft grpo --seeds 0
     python bench/organism.py --smoke                  # es and sft, one seed, least sizes (a minute)
     python bench/organism.py --strategies es grpo --seeds 1 2 --add   # more rows in the same table
+    python bench/organism.py --merge bench/results/a bench/results/b --out bench/results/all   # one table of both
 
 Each strategy spends organism/es's search compute (conf/experiment/organism/): the evolution
 strategies as many candidates, sft and grpo its FLOPs (`strategy.match=` the same seed's es run);
@@ -152,14 +153,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "organism")
     parser.add_argument("--smoke", action="store_true", help="seed 0, least sizes: the code paths only")
     parser.add_argument("--add", action="store_true", help="keep --out's rows; replace those run again")
+    parser.add_argument(
+        "--merge", nargs="+", type=Path, default=[], help="add these folders' rows to --out's (runs only --strategies)"
+    )
     args = parser.parse_args()
     args.out = args.out.resolve()  # each run's own folder is its working directory
-    strategies = args.strategies or (["es", "sft"] if args.smoke else list(STRATEGIES))
+    strategies = args.strategies or ([] if args.merge else ["es", "sft"] if args.smoke else list(STRATEGIES))
     seeds: list[int] = args.seeds
     common: tuple[str, ...] = (f"engine={args.engine}", "hardware.num_workers=1")
     if args.smoke:
         seeds, common = [0], (*common, *SMOKE)
-    kept = earlier_rows(args.out) if args.add else []
+    kept = merged([args.out, *args.merge]) if args.add or args.merge else []
     es_runs = {r["seed"]: Path(r["run"]) for r in kept if r["strategy"] == "es"}
     if any(s in MATCHED for s in strategies) and not all(seed in es_runs for seed in seeds):
         strategies = list(dict.fromkeys(["es", *strategies]))  # their budget is the es run's
@@ -178,6 +182,12 @@ def earlier_rows(out: Path) -> list[dict[str, Any]]:
     """The rows of an earlier organism.json in `out` (none if there is none)."""
     path = out / "organism.json"
     return json.loads(path.read_text())["rows"] if path.is_file() else []
+
+
+def merged(folders: list[Path]) -> list[dict[str, Any]]:
+    """The rows of every folder's organism.json; a strategy and seed in a later folder replaces an earlier's."""
+    rows = {(r["strategy"], r["seed"]): r for folder in folders for r in earlier_rows(folder)}
+    return list(rows.values())
 
 
 def save(rows: list[dict[str, Any]], out: Path, machine: str) -> str:

@@ -195,7 +195,7 @@ def test_gpu_check(tmp_path):
 
 def test_organism(tmp_path):
     """es, then sft added to its table (`--add`) and matched to the kept es run's FLOPs, at least
-    sizes; the table, its plot and evora compare's files."""
+    sizes; the table, its plot and evora compare's files; then that table merged into another."""
     run_bench("organism.py", "--strategies", "es", "--out", str(tmp_path))
     [es_alone] = read(tmp_path / "organism.json", {"machine", "rows"})["rows"]
     result = run_bench(
@@ -211,6 +211,9 @@ def test_organism(tmp_path):
     assert "| es | 1 |" in table and "| sft | 1 |" in table and "the test machine" in result.stdout
     assert (tmp_path / "plots" / "organism_accuracy.png").stat().st_size > 0
     assert (tmp_path / "compare.md").is_file() and (tmp_path / "plots" / "reward_kl.png").is_file()
+    run_bench("organism.py", "--merge", str(tmp_path), "--out", str(tmp_path / "merged"))  # runs nothing
+    assert read(tmp_path / "merged" / "organism.json", {"rows"})["rows"] == report["rows"]
+    assert (tmp_path / "merged" / "plots" / "organism_accuracy.png").is_file()
 
 
 def test_organism_sweep(tmp_path):
