@@ -128,14 +128,16 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+    colors = [f"C{i}" for i in range(10)]  # matplotlib's ten cycle colours: the eleventh strategy on is dashed
+    for i, strategy in enumerate(dict.fromkeys(r["strategy"] for r in rows)):
         curves = [r["curve"] for r in rows if r["strategy"] == strategy and r["curve"]]
         points = min(map(len, curves), default=0)
         if points == 0:
             continue
         flops = np.mean([[x for x, _ in c[:points]] for c in curves], axis=0) / 1e12
         accuracy = np.array([[y for _, y in c[:points]] for c in curves]) * 100
-        (line,) = ax.plot(flops, accuracy.mean(axis=0), marker="o", label=strategy)
+        color, linestyle = colors[i % len(colors)], "-" if i < len(colors) else "--"
+        (line,) = ax.plot(flops, accuracy.mean(axis=0), marker="o", label=strategy, color=color, linestyle=linestyle)
         ax.fill_between(flops, accuracy.min(axis=0), accuracy.max(axis=0), color=line.get_color(), alpha=0.2)
     ax.set(xlabel="search TFLOPs", ylabel="held-out accuracy (%)", title="The Countdown organism, held-out")
     ax.legend(ncol=3, fontsize=8)
