@@ -3,9 +3,9 @@
 `hydra/sweeper/sampler=grid`) over each one's `+experiment=organism/<strategy>` at half its
 budget, through the CLI as a user sweeps.
 
-    python bench/organism_sweep.py                       # es 3 x 3, es_full 4, snes 3 (about an hour on 2 CPU cores)
-    python bench/organism_sweep.py --strategies es_full
-    python bench/organism_sweep.py --smoke               # es, 2 trials at least sizes (a minute)
+    python bench/organism_sweep.py                 # es 3 x 3, es_full 4 + 2, snes 3 (about an hour on 2 CPU cores)
+    python bench/organism_sweep.py --sweeps es_full es_full_lr
+    python bench/organism_sweep.py --smoke         # es, 2 trials at least sizes (a minute)
 
 Each trial runs 24 generations (organism/<strategy>'s 48 halved) and is scored by its final
 held-out accuracy (`objective=final.accuracy`, 256 problems, greedy). Writes
@@ -25,19 +25,25 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# strategy -> {key: values}; the first key is the table's rows, the second (if any) its columns.
-GRIDS: dict[str, dict[str, tuple[float, ...]]] = {
-    "es": {"strategy.sigma": (0.03, 0.1, 0.3), "strategy.lr": (0.005, 0.02, 0.08)},
-    "es_full": {"strategy.sigma": (0.001, 0.003, 0.01, 0.03)},  # lr stays organism/es_full's 0.0015
-    "snes": {"strategy.sigma": (0.03, 0.1, 0.3)},  # the initial spread; the paper fixes both learning rates
+Grid = dict[str, tuple[float, ...]]  # key -> values; the first key is the table's rows, the second its columns
+# sweep -> (strategy, grid, overrides every trial of it takes)
+SWEEPS: dict[str, tuple[str, Grid, tuple[str, ...]]] = {
+    "es": ("es", {"strategy.sigma": (0.03, 0.1, 0.3), "strategy.lr": (0.005, 0.02, 0.08)}, ()),
+    # at the paper's alpha / sigma ratio (organism/es_full's lr before this sweep)
+    "es_full": ("es_full", {"strategy.sigma": (0.001, 0.003, 0.01, 0.03)}, ("strategy.lr=0.0015",)),
+    # es_full's step (alpha / N sum z eps) does not scale with sigma: its lr, at organism/es_full's sigma
+    "es_full_lr": ("es_full", {"strategy.lr": (0.006, 0.024)}, ()),
+    # the initial spread; the paper fixes both learning rates
+    "snes": ("snes", {"strategy.sigma": (0.03, 0.1, 0.3)}, ()),
 }
 HALF_BUDGET = ("generations=24", "eval_every=24")
 SMOKE = ("generations=2", "eval_every=2", "task.eval_size=16", "task.prompts_per_generation=4", "task.train_size=32")
-SMOKE_STRATEGY = ("strategy.population=4",)  # es's: the smoke grid's only strategy
-SMOKE_GRID: dict[str, dict[str, tuple[float, ...]]] = {"es": {"strategy.sigma": (0.05, 0.1)}}
+SMOKE_SWEEPS: dict[str, tuple[str, Grid, tuple[str, ...]]] = {
+    "es": ("es", {"strategy.sigma": (0.05, 0.1)}, ("strategy.population=4",))
+}
 
 
-def sweep(strategy: str, grid: dict[str, tuple[float, ...]], folder: Path, common: tuple[str, ...]) -> Path:
+def sweep(strategy: str, grid: Grid, folder: Path, common: tuple[str, ...]) -> Path:
     """One Optuna grid multirun of `strategy` under `folder`: its sweep folder."""
     folder.mkdir(parents=True, exist_ok=True)
     before = set(folder.iterdir())
@@ -55,14 +61,14 @@ def sweep(strategy: str, grid: dict[str, tuple[float, ...]], folder: Path, commo
     return found
 
 
-def trials(grid: dict[str, tuple[float, ...]]) -> list[dict[str, float]]:
+def trials(grid: Grid) -> list[dict[str, float]]:
     points: list[dict[str, float]] = [{}]
     for key, values in grid.items():
         points = [{**p, key: v} for p in points for v in values]
     return points
 
 
-def results(strategy: str, grid: dict[str, tuple[float, ...]], folder: Path) -> dict[str, Any]:
+def results(name: str, strategy: str, grid: Grid, folder: Path) -> dict[str, Any]:
     """The sweep's trials: each one's swept values and final held-out accuracy."""
     rows = json.loads((folder / "sweep_summary.json").read_text())
     base = json.loads((Path(rows[0]["run_dir"]) / "eval" / "summary.json").read_text())["base"]["accuracy"]
@@ -70,7 +76,7 @@ def results(strategy: str, grid: dict[str, tuple[float, ...]], folder: Path) -> 
     for row in rows:
         overrides = dict(o.split("=", 1) for o in row["overrides"].split())
         found.append({"values": {k: float(overrides[k]) for k in grid}, "accuracy": row["objective"]})
-    return {"strategy": strategy, "grid": grid, "sweep": str(folder), "base": base, "trials": found}
+    return {"sweep": name, "strategy": strategy, "grid": grid, "folder": str(folder), "base": base, "trials": found}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -81,7 +87,7 @@ def table(result: dict[str, Any]) -> str:
     accuracy = {(t["values"][rows_key], t["values"].get(columns_key)): t["accuracy"] for t in result["trials"]}
     header = [f"{columns_key}={c}" for c in columns] if columns_key else ["held-out accuracy (%)"]
     lines = [
-        f"`{result['strategy']}` (base model {100 * result['base']:.1f}%; sweep: `{result['sweep']}`)",
+        f"`{result['strategy']}` (base model {100 * result['base']:.1f}%; sweep folder: `{result['folder']}`)",
         "",
         f"| {rows_key} | " + " | ".join(header) + " |",
         "|---" * (len(header) + 1) + "|",
@@ -94,17 +100,19 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--strategies", nargs="+", choices=list(GRIDS), help="default: all (--smoke: es)")
+    parser.add_argument("--sweeps", nargs="+", choices=list(SWEEPS), help="default: all (--smoke: es)")
     parser.add_argument("--engine", default="hf", help="engine=<name> of every trial (hf: fastest on a CPU)")
     parser.add_argument("--machine", default="this machine", help="the hardware, as the tables name it")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "organism_sweep")
     parser.add_argument("--smoke", action="store_true", help="es, 2 trials at least sizes: the code paths only")
     args = parser.parse_args()
     out = args.out.resolve()
-    grids = SMOKE_GRID if args.smoke else {s: GRIDS[s] for s in args.strategies or GRIDS}
-    sizes = (*SMOKE, *SMOKE_STRATEGY) if args.smoke else HALF_BUDGET
-    common = (f"engine={args.engine}", "hardware.num_workers=1", *sizes)
-    found = [results(s, grid, sweep(s, grid, out / s, common)) for s, grid in grids.items()]
+    sweeps = SMOKE_SWEEPS if args.smoke else {name: SWEEPS[name] for name in args.sweeps or SWEEPS}
+    common = (f"engine={args.engine}", "hardware.num_workers=1", *(SMOKE if args.smoke else HALF_BUDGET))
+    found = [
+        results(name, s, grid, sweep(s, grid, out / name, (*common, *fixed)))
+        for name, (s, grid, fixed) in sweeps.items()
+    ]
     generations = next(o for o in common if o.startswith("generations=")).split("=")[1]
     title = f"Final held-out accuracy (%) after {generations} generations, on {args.machine}."
     markdown = "\n".join([title, "", *(table(r) for r in found)])

@@ -222,7 +222,7 @@ def test_organism_sweep(tmp_path):
     [es] = read(tmp_path / "organism_sweep.json", {"machine", "sweeps"})["sweeps"]
     assert sorted(t["values"]["strategy.sigma"] for t in es["trials"]) == [0.05, 0.1]
     assert all(0 <= t["accuracy"] <= 1 for t in es["trials"]) and 0 < es["base"] < 1
-    assert (Path(es["sweep"]) / "optimization_results.yaml").is_file()  # Optuna's own result
+    assert (Path(es["folder"]) / "optimization_results.yaml").is_file()  # Optuna's own result
     assert "| 0.05 |" in (tmp_path / "organism_sweep.md").read_text()
 
 
