@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -52,20 +53,13 @@ def sweep(strategy: str, grid: Grid, folder: Path, common: tuple[str, ...]) -> P
         *(sys.executable, "-m", "evora", "-m", "tracking.progress=false", f"tracking.out_dir={folder}"),
         *(f"+experiment=organism/{strategy}", "objective=final.accuracy", *common),
         *("hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.direction=maximize"),
-        *(f"hydra.sweeper.n_trials={len(trials(grid))}", *searched),
+        *(f"hydra.sweeper.n_trials={math.prod(len(values) for values in grid.values())}", *searched),
     ]
     result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"bench/organism_sweep.py: {strategy} failed ({result.returncode}): {result.stderr[-2000:]}")
     (found,) = [p for p in set(folder.iterdir()) - before if (p / "sweep_summary.json").is_file()]
     return found
-
-
-def trials(grid: Grid) -> list[dict[str, float]]:
-    points: list[dict[str, float]] = [{}]
-    for key, values in grid.items():
-        points = [{**p, key: v} for p in points for v in values]
-    return points
 
 
 def results(name: str, strategy: str, grid: Grid, folder: Path) -> dict[str, Any]:
