@@ -77,10 +77,6 @@ class Driver:
         self.recorder = recorder = Recorder(self.run_cfg, self.run_dir, self.loop.ledger, self.completed_at_start)
         self.opened.callback(recorder.close)
         self.stopping = self.budget is not None and self.budget.spent(self.loop.ledger.search_usage())
-        training = None
-        if self.entry.trains_on_driver(self.strategy):
-            training, scorer = training_context(self.plan, self.budget, self._spent_now)
-            self.opened.callback(scorer.close)
         self.opened.callback(sweep_run_scratch, self.run_cfg.engine.adapter_dir, self.run_tag)
         # Named per driver process: a restarted driver's workers must not clash with the old ones' names.
         layout = self.plan.layout
@@ -98,6 +94,10 @@ class Driver:
             name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}",
         )
         self.opened.callback(pool.shutdown)
+        training = None
+        if self.entry.trains_on_driver(self.strategy):
+            training, scorer = training_context(self.plan, self.budget, self._spent_now, pool)
+            self.opened.callback(scorer.close)
         self.weights: EngineWeights | None = None
         holding = self.entry.kind.engine_weights()  # what the kind's tell moves: the engines' weights
         if holding is not None:

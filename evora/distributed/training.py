@@ -1,7 +1,8 @@
 """What the driver gives a gradient strategy (SFT, GRPO): the train split rendered exactly
 as the engine workers render it, the task's reward through the same bounded scoring as
 every strategy (`tasks/reward_pool.py`), the budget check, and the device it may train on
-(a GPU when Ray gave the driver one: hardware.driver_gpus)."""
+(a GPU when Ray gave the driver one: hardware.driver_gpus), and a sampler of completions on
+the engine workers (GRPO's rollouts: `distributed/rollouts.py`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Callable
 
 import ray
 
+from evora.distributed.pool import WorkerPool
+from evora.distributed.rollouts import EngineRollouts
 from evora.distributed.worker_spec import engine_spec, load_tokenizer
 from evora.plan.run_plan import RunPlan
 from evora.strategies import get_strategy
@@ -22,9 +25,10 @@ UNPLANNED_STEPS = 10**9  # a budget ends the run: schedules see no end (constant
 
 
 def training_context(
-    plan: RunPlan, budget: Budget | None, spent: Callable[[Spend], bool]
+    plan: RunPlan, budget: Budget | None, spent: Callable[[Spend], bool], pool: WorkerPool
 ) -> tuple[TrainingContext, Scorer]:
-    """The context, and the reward scorer behind it (the caller closes it)."""
+    """The context, and the reward scorer behind it (the caller closes it); its sampler runs on
+    `pool`'s engine workers."""
     run, task, model_path = plan.run, plan.task, plan.model_path
     tokenizer = load_tokenizer(engine_spec(run, model_path))
     renderer = PromptRenderer(tokenizer, run.task.prompt_format, task.plain_template, run.task.system_prompt)
@@ -56,6 +60,7 @@ def training_context(
         max_tokens=run.task.max_tokens,
         planned_steps=UNPLANNED_STEPS if budget is not None else run.generations * steps,
         answer=answer if isinstance(task, AnswerTask) else None,
+        sample=EngineRollouts(pool),
     )
     return context, scorer
 

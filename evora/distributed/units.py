@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from evora.engines import Sampling
 from evora.lora import Tensors
 from evora.strategies.noise_sums import NoiseSums
 from evora.strategies.protocol import Spec, prompts_of
+from evora.training.rollouts import RolloutRequest
 
 EVAL_CHUNK = 64  # examples per work unit of an evaluation (held-out, selection)
 
@@ -64,3 +66,34 @@ class GroupSum:
     tensors: Tensors  # sum over the group's members of c_m eps_m, per tensor
     worker: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class RolloutUnit:
+    label: str  # the adapter's name on the engines: its step's
+    prompts: tuple[tuple[int, ...], ...]
+    sampling: tuple[Sampling, ...]  # one per row
+    max_tokens: int
+    logprobs: bool  # also score each completion under the same adapter (teacher forcing)
+
+
+@dataclass
+class RolloutResult:
+    completions: list[tuple[int, ...]]
+    logprobs: list[tuple[float, ...]] | None
+    worker: int
+
+
+def rollout_units(request: RolloutRequest) -> list[RolloutUnit]:
+    """A trainer's rollout rows in units of `rows_per_unit`, in row order (distributed/rollouts.py)."""
+    rows = list(range(len(request.prompts)))
+    return [
+        RolloutUnit(
+            label=f"grpo-s{request.step}",
+            prompts=tuple(request.prompts[r] for r in part),
+            sampling=tuple(Sampling(request.temperature, request.top_p, request.seeds[r]) for r in part),
+            max_tokens=request.max_tokens,
+            logprobs=request.logprobs,
+        )
+        for part in chunks(rows, request.rows_per_unit)
+    ]

@@ -34,7 +34,7 @@ from evora.distributed.cells import (
 )
 from evora.distributed.in_place import complete_in_place
 from evora.distributed.memory_deaths import oom_kills
-from evora.distributed.units import GroupSum, GroupTask
+from evora.distributed.units import GroupSum, GroupTask, RolloutResult, RolloutUnit
 from evora.distributed.worker_memory import MemoryGauge
 from evora.distributed.worker_spec import ADAPTER_DTYPES, WorkerSpec, load_tokenizer, resolve_task
 from evora.engines import AdapterRef, Completion, create_engine
@@ -213,6 +213,23 @@ class EngineWorker:
         summed: SummedStrategy = self.strategy
         tensors = summed.group_sum(payload, task.sums, task.group)
         return GroupSum(task.group, tensors, self.index, time.perf_counter() - start)
+
+    def rollout(self, payload: Any, unit: RolloutUnit) -> RolloutResult:
+        """A trainer's completions (GRPO's groups): `payload` is the policy's adapter tensors
+        (None: the engine's own weights), as `evaluate` gets its payload; with `unit.logprobs`,
+        each completion token's log-probability under the same adapter (the engine's `score`)."""
+        adapter = self._shared(payload) if isinstance(payload, SharedPayload) else payload
+        keep = self.scratch.hold if self.engine.loads_from_memory else self.scratch.write
+        ref = None if adapter is None else keep(unit.label, adapter, self.layout, self.dtype)
+        prompts, adapters = [list(p) for p in unit.prompts], [ref] * len(unit.prompts)
+        completions = [c.token_ids for c in self.engine.generate(prompts, adapters, unit.max_tokens, unit.sampling)]
+        logprobs = None
+        if unit.logprobs:
+            scored = self.engine.score(prompts, [list(c) for c in completions], adapters)
+            logprobs = [tuple(values) for values in scored]
+        if ref is not None:
+            self._release([ref])
+        return RolloutResult(completions, logprobs, self.index)
 
     def _shared(self, shared: SharedPayload) -> Any:
         import ray

@@ -28,6 +28,7 @@ import torch
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
 from evora.tasks.base import Example
+from evora.training.rollouts import RolloutSampler
 
 PERTURB = "perturb"  # payload + seeded noise
 CENTER = "center"  # the evaluation payload's adapter
@@ -164,6 +165,8 @@ class TrainingContext:
     # (completion, train index) -> its canonical answer (tasks.base.AnswerTask), for majority votes;
     # None where the task has none (its answers are not strings to compare)
     answer: Callable[[str, int], str | None] | None = None
+    # Samples completions on the run's engine workers (GRPO's rollouts); None where there are none.
+    sample: RolloutSampler | None = None
 
 
 class Strategy(Protocol):

@@ -1,9 +1,11 @@
 """GRPO training of a LoRA adapter through TRL's `GRPOTrainer`, driven in chunks.
 
 What: each optimizer step draws `prompts_per_step` prompts, samples `num_generations`
-completions of each with transformers' `generate` (TRL's vLLM mode is off), scores them
-with the caller's reward, and takes one AdamW step on the group-relative advantages
-(TRL's loss, clipping and KL to the base model, as `GRPOSettings` sets them).
+completions of each, scores them with the caller's reward, and takes one AdamW step on the
+group-relative advantages (TRL's loss, clipping and KL to the base model, as `GRPOSettings`
+sets them). The completions come from the caller's sampler where one is given (a run's engine
+workers, through TRL's `rollout_func`: `grpo_trl.py`), else from transformers' `generate` in
+this process (TRL's own vLLM mode stays off: it pins an older vLLM than evora's).
 
 How it is chunked: one `GRPOTrainer` lives as long as the `LoraGRPO`; each `train(k)`
 sets `args.max_steps = k` and calls `GRPOTrainer.train()` again. What makes chunks
@@ -41,12 +43,16 @@ Token counters, cumulative since construction (real tokens: padding never counts
   through `compute_loss`, the policy's forward and backward;
 - tokens_scored: the same tokens once per forward-only pass TRL made in
   `_generate_and_score_completions`: the reference pass when beta > 0, the old-policy
-  pass when TRL computes old log-probs (only when generations are reused, not here).
+  pass when TRL computes old log-probs (here only for the importance-sampling correction),
+  and the sampler's pass for the completions' log-probabilities (the same correction);
+- with a sampler, tokens_prompt and tokens_generated are what the engines prefilled and generated.
 
 TRL internals relied on (overridden or read): `GRPOTrainer._get_train_sampler`,
 `_tokenize_prompts`, `_generate`, `_generate_and_score_completions`, `compute_loss`,
 `_send_telemetry` (silenced: no network pings), and the keys `prompt_mask`,
-`completion_mask`, `ref_per_token_logps`, `old_per_token_logps` of its batches.
+`completion_mask`, `ref_per_token_logps`, `old_per_token_logps` of its batches; with a sampler,
+`rollout_func` and, for the importance-sampling correction, `use_vllm`, `vllm_generation`
+and `_last_loaded_step` (`grpo_trl.py` says why).
 
 Where the parts live: the settings (`grpo_settings.py`), the prompt order, sampler and RNG
 (`grpo_order.py`), TRL's config, trainer subclass and callback (`grpo_trl.py`); this module
@@ -74,9 +80,11 @@ from evora.training.grpo_trl import (
     from_trl,
     grpo_config,
     mean_stats,
+    policy_adapter,
     reward_function,
     trainer_class,
 )
+from evora.training.rollouts import RolloutSampler
 
 __all__ = [
     "SKIPPED_STATS",
@@ -111,12 +119,17 @@ class LoraGRPO:
         step: int = 0,
         device: str = "cpu",
         special_tokens: bool = True,  # False for chat-templated prompts, which hold their own BOS
+        sample: RolloutSampler | None = None,  # where completions are sampled (None: transformers, here)
+        prompt_ids: list[list[int]] | None = None,  # each prompt's ids as the sampler's engines render it
     ):
         if not prompts:
             raise ValueError("GRPO needs at least one prompt")
+        if sample is not None and (prompt_ids is None or len(prompt_ids) != len(prompts)):
+            raise ValueError("a sampler needs every prompt's token ids")
         self.settings, self.step = settings, step
         self.device = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")
-        self._run = TrainerRun(settings.seed, len(prompts), settings, special_tokens)
+        ids = tuple(tuple(p) for p in prompt_ids or ())
+        self._run = TrainerRun(settings.seed, len(prompts), settings, special_tokens, sample=sample, prompt_ids=ids)
         self._output_dir = tempfile.mkdtemp(prefix="evora-grpo-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._output_dir, ignore_errors=True)
         self._callback = callback_class()()
@@ -187,9 +200,7 @@ class LoraGRPO:
 
     def adapter(self) -> Tensors:
         """The adapter in PEFT naming, fp32 on the CPU."""
-        from peft import get_peft_model_state_dict
-
-        return {k: v.detach().float().cpu().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+        return policy_adapter(self.model)
 
     def state(self) -> dict[str, Any]:
         return {"step": self.step, "optimizer": self.optimizer.state_dict()}
@@ -213,3 +224,7 @@ class LoraGRPO:
     @property
     def tokens_scored(self) -> int:
         return self._run.counters.scored
+
+    @property
+    def rollout_seconds(self) -> float:
+        return self._run.counters.rollout_seconds

@@ -32,6 +32,15 @@ class GRPOSettings:
     mask_truncated_completions: bool = False
     micro_batches: int = 1  # gradient accumulation: the step's completions in this many forward/backward passes
     gradient_checkpointing: bool = False  # TRL defaults to True; off is faster for the small models here
+    # Importance-sampling correction of the sampler's log-probabilities against the policy's (TRL's
+    # vllm_importance_sampling_*): none, or TRL's mode; only where completions come from engines.
+    importance_sampling: str = "none"
+    importance_sampling_cap: float = 3.0  # C_max: *_truncate clips ratios above it, *_mask zeroes them
+    rows_per_unit: int = 8  # completions sampled in one engine call (RolloutRequest.rows_per_unit)
+
+    @property
+    def corrects_sampling(self) -> bool:
+        return self.importance_sampling != "none"
 
     @property
     def completions_per_step(self) -> int:
@@ -44,3 +53,4 @@ class Counters:
     generated: int = 0
     trained: int = 0
     scored: int = 0
+    rollout_seconds: float = 0.0  # wall time of sampling the completions (TRL's `_generate`), wherever it ran

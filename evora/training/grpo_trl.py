@@ -1,10 +1,19 @@
 """TRL's side of a chunked GRPO run (`evora/training/grpo.py`): its config from our settings,
 the reward in its signature, and the `GRPOTrainer` subclass and callback that read and write
-what the owning `LoraGRPO` shares with them (`TrainerRun`)."""
+what the owning `LoraGRPO` shares with them (`TrainerRun`).
+
+Where a sampler is given (`TrainerRun.sample`: the run's engine workers), completions come
+through TRL's `rollout_func` (TRL's tokenizer and `generate` are then not used for them) and TRL
+keeps everything else: rewards, advantages, loss, clipping, KL and the optimizer step. Its
+importance-sampling correction is tied to its vLLM switch (`use_vllm`), which would also build
+TRL's own vLLM backend; so `use_vllm` stays off in the config and is turned on after
+construction, with `vllm_generation` an object whose `sync_weights` has nothing to do: each
+request carries the policy's adapter (`RolloutRequest.adapter`)."""
 
 from __future__ import annotations
 
 import functools
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +25,7 @@ from torch.utils.data import Sampler
 from evora.lora.noise import noise_key
 from evora.training.grpo_order import StepSampler, prompt_order
 from evora.training.grpo_settings import Counters, GRPOSettings, Reward
+from evora.training.rollouts import RolloutRequest, RolloutSampler
 
 SKIPPED_STATS = ("epoch", "num_tokens")  # chunk-local running totals, not per-step values
 
@@ -30,6 +40,22 @@ class TrainerRun:
     special_tokens: bool
     step0: int = 0  # optimizer steps taken before the current chunk
     counters: Counters = field(default_factory=Counters)
+    sample: RolloutSampler | None = None  # None: TRL samples with transformers' generate on the driver
+    prompt_ids: tuple[tuple[int, ...], ...] = ()  # each train prompt's ids, as the engines render it (with `sample`)
+    batch: tuple[int, ...] = ()  # the train indices of the rows TRL is generating now
+
+
+class AdapterTravelsWithRequests:
+    """TRL's `vllm_generation` where it calls only `sync_weights` (before a rollout, once a step):
+    the engines get the adapter with every request, so there is nothing to sync ahead."""
+
+    def sync_weights(self) -> None:
+        return None
+
+
+def rollout_seed(seed: int, step: int, row: int) -> int:
+    """The seed of one completion's stream: by step and row, never by unit or worker."""
+    return noise_key(seed, "grpo-rollout", step, row)
 
 
 def reward_function(reward: Reward) -> Callable[..., list[float]]:
@@ -60,7 +86,39 @@ def trainer_class() -> type:
     class EvoraGRPOTrainer(GRPOTrainer):  # type: ignore[misc, valid-type]  # a class only known at run time
         def __init__(self, *args: Any, evora_run: TrainerRun, **kwargs: Any):
             self.evora_run = evora_run
-            super().__init__(*args, **kwargs)
+            rollout_func = self._rollouts if evora_run.sample is not None else None
+            with warnings.catch_warnings():  # that rollout_func is experimental: its use is pinned with TRL
+                warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
+                super().__init__(*args, rollout_func=rollout_func, **kwargs)
+            if rollout_func is not None and evora_run.settings.corrects_sampling:
+                self.use_vllm = True  # TRL's switch for its importance-sampling correction (see the module doc)
+                self.vllm_generation = AdapterTravelsWithRequests()
+                self._last_loaded_step = -1
+
+        def _rollouts(self, prompts: list, trainer: Any) -> dict[str, Any]:
+            """TRL's `rollout_func`: the rows TRL is generating (`evora_run.batch`), sampled by
+            `evora_run.sample` from the policy's adapter as it is now."""
+            run, settings = self.evora_run, self.evora_run.settings
+            assert run.sample is not None and len(run.batch) == len(prompts)
+            step = run.step0 + self.state.global_step
+            rows = tuple(run.prompt_ids[i] for i in run.batch)
+            request = RolloutRequest(
+                step=step,
+                prompts=rows,
+                seeds=tuple(rollout_seed(run.seed, step, row) for row in range(len(rows))),
+                max_tokens=settings.max_completion_length,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                logprobs=settings.corrects_sampling,
+                rows_per_unit=settings.rows_per_unit,
+                adapter=policy_adapter(self.model),
+            )
+            rollouts = run.sample(request)
+            completions = [list(r.completion_ids) for r in rollouts]
+            if request.logprobs:  # the engines' teacher-forced pass over prompt and completion
+                run.counters.scored += sum(len(p) + len(c) for p, c in zip(rows, completions))
+            logprobs = [list(r.logprobs or ()) for r in rollouts] if request.logprobs else None
+            return {"prompt_ids": [list(p) for p in rows], "completion_ids": completions, "logprobs": logprobs}
 
         def _send_telemetry(self) -> None:  # no pings to the hub from training workers
             return None
@@ -76,7 +134,9 @@ def trainer_class() -> type:
             return ids, None, {}
 
         def _generate(self, prompts: list) -> tuple:
+            started = time.perf_counter()
             out = super()._generate(prompts)
+            self.evora_run.counters.rollout_seconds += time.perf_counter() - started
             prompt_ids, completion_ids = out[0], out[1]
             self.evora_run.counters.prompt += sum(len(ids) for ids in prompt_ids)
             self.evora_run.counters.generated += sum(len(ids) for ids in completion_ids)
@@ -84,6 +144,7 @@ def trainer_class() -> type:
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             run = self.evora_run
+            run.batch = tuple(int(row["index"]) for row in inputs)
             torch.manual_seed(noise_key(run.seed, "grpo-sample", run.step0 + self.state.global_step))
             out = super()._generate_and_score_completions(inputs)
             passes = int("ref_per_token_logps" in out) + int("old_per_token_logps" in out)
@@ -120,6 +181,13 @@ def callback_class() -> type:
     return ChunkCallback
 
 
+def policy_adapter(model: Any) -> dict[str, torch.Tensor]:
+    """The LoRA being trained, PEFT-named, fp32 copies on the CPU."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().float().cpu().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
 def mean_stats(logs: list[dict[str, float]]) -> dict[str, float]:
     keys = {k for log in logs for k in log if k not in SKIPPED_STATS}
     return {k: sum(log[k] for log in logs if k in log) / sum(k in log for log in logs) for k in sorted(keys)}
@@ -137,7 +205,10 @@ def grpo_config(settings: GRPOSettings, device: torch.device, output_dir: str) -
         use_cpu=not on_gpu,
         bf16=on_gpu and torch.cuda.is_bf16_supported(),  # TRL defaults bf16 to True, even on the CPU
         fp16=False,
-        use_vllm=False,
+        use_vllm=False,  # see the module doc: turned on after construction for the correction
+        vllm_importance_sampling_correction=settings.corrects_sampling,
+        vllm_importance_sampling_mode=settings.importance_sampling if settings.corrects_sampling else "sequence_mask",
+        vllm_importance_sampling_clip_max=settings.importance_sampling_cap,
         learning_rate=settings.learning_rate,
         lr_scheduler_type="constant",
         weight_decay=settings.weight_decay,

@@ -199,6 +199,11 @@ def test_configs_are_frozen():
         ("task.scorer=exact", "task.scorer: unknown key; allowed: name, train_size,"),  # jsonl's key, not addition's
         ("task=countdown task.number_rule=some", 'task.number_rule="some": allowed: all_exactly_once,'),
         (
+            "strategy=grpo strategy.rollouts=driver strategy.importance_sampling=token_mask",
+            "corrects the engines' sampling: needs strategy.rollouts=engines",
+        ),
+        ("strategy=grpo strategy.loss_type=ppo", 'strategy.loss_type="ppo": allowed: dapo, grpo, dr_grpo, bnpo, cispo'),
+        (
             f"task=jsonl task.data_path={DATA / 'qa.jsonl'}",
             "task.prompts_per_generation=32: the data gives only 0 train",
         ),

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from evora.training.grpo import GRPOSettings, LoraGRPO, LoraSpec, prompt_order
+from evora.training.grpo_trl import rollout_seed
+from evora.training.rollouts import Rollout, RolloutRequest
 
 PROMPTS = ["12+34=", "5+7=", "40+2=", "9+9=", "33+21="]
 LORA = LoraSpec(rank=2, alpha=4, target_modules=("q_proj", "v_proj"))
@@ -52,6 +54,10 @@ def b_tensors(adapter: dict[str, torch.Tensor]) -> list[torch.Tensor]:
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> bool:
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=atol) for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +162,102 @@ def test_chat_templated_prompts_get_no_second_bos(tiny_path):
     without.train(1)
     rows = SETTINGS.prompts_per_step * SETTINGS.num_generations
     assert with_bos.tokens_prompt - without.tokens_prompt == rows  # one BOS per generated row
+
+
+class Replay:
+    """A sampler (training.rollouts.RolloutSampler) that gives back completions recorded before,
+    step by step, and keeps the requests it was sent."""
+
+    def __init__(self, completions: list[list[list[int]]], logprobs: list[list[list[float]]] | None = None):
+        self.completions, self.logprobs, self.requests = completions, logprobs, []
+
+    def __call__(self, request: RolloutRequest) -> list[Rollout]:
+        self.requests.append(request)
+        step = len(self.requests) - 1
+        logprobs = self.logprobs[step] if self.logprobs is not None else [None] * len(self.completions[step])
+        return [Rollout(tuple(c), None if lp is None else tuple(lp)) for c, lp in zip(self.completions[step], logprobs)]
+
+
+def recording(trainer: LoraGRPO) -> list[list[list[int]]]:
+    """The completions TRL samples itself, step by step (its `_generate`, observed)."""
+    seen: list[list[list[int]]] = []
+    generate = trainer._trainer._generate
+
+    def observed(prompts):
+        out = generate(prompts)
+        seen.append([list(ids) for ids in out[1]])
+        return out
+
+    trainer._trainer._generate = observed
+    return seen
+
+
+def prompt_ids(tiny_path: str) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_path)(PROMPTS)["input_ids"]
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+def test_trls_loss_on_sampled_rollouts_equals_its_own(tiny_path, loss_type):
+    """The same completions through `rollout_func` (a sampler) and through TRL's own generate:
+    the same rewards, advantages, loss and gradient norm, and the same steps to float rounding
+    (AdamW's first steps are near sign(gradient): rounding in a near-zero gradient moves its
+    element by up to a few 1e-5 of a 2e-2 step)."""
+    own = make(tiny_path, settings={"loss_type": loss_type})
+    seen = recording(own)
+    own_stats = own.train(2)
+    replay = Replay(seen)
+    sampled = make(tiny_path, settings={"loss_type": loss_type}, sample=replay, prompt_ids=prompt_ids(tiny_path))
+    sampled_stats = sampled.train(2)
+    assert sampled_stats["reward"] == own_stats["reward"] and sampled_stats["reward_std"] == own_stats["reward_std"]
+    for key in ("loss", "grad_norm"):
+        assert sampled_stats[key] == pytest.approx(own_stats[key], rel=1e-6, abs=1e-9), key
+    after, before = sampled.adapter(), make(tiny_path).adapter()
+    assert close(after, own.adapter(), atol=1e-4) and not close(after, before, atol=1e-3)
+    assert (sampled.tokens_prompt, sampled.tokens_generated) == (own.tokens_prompt, own.tokens_generated)
+    # each request: the step's rows (each prompt G times), their own seeds, the policy's adapter as it is then
+    order = prompt_order(len(PROMPTS), SETTINGS.prompts_per_step, SETTINGS.seed, 0, 2)
+    ids, g = prompt_ids(tiny_path), SETTINGS.num_generations
+    for step, request in enumerate(replay.requests):
+        assert request.step == step and not request.logprobs
+        assert request.prompts == tuple(tuple(ids[i]) for i in order[2 * step : 2 * step + 2] for _ in range(g))
+        assert request.seeds == tuple(rollout_seed(SETTINGS.seed, step, row) for row in range(2 * g))
+    assert same(replay.requests[0].adapter, make(tiny_path).adapter())  # sampled from the adapter before the step
+    assert not same(replay.requests[1].adapter, replay.requests[0].adapter)
+
+
+def test_importance_sampling_weighs_the_loss_by_the_samplers_logprobs(tiny_path):
+    """With the correction on, the sampler's log-probabilities enter TRL's loss through its
+    importance-sampling ratio: the same completions with log-probabilities 1 lower give another step."""
+    own = make(tiny_path)
+    seen = recording(own)
+    own.train(1)
+    settings = {"importance_sampling": "token_truncate", "importance_sampling_cap": 2.0}
+    ids = prompt_ids(tiny_path)
+    policy = scored_logprobs(make(tiny_path), ids, seen[0])
+    steps = {}
+    for shift in (0.0, 1.0):
+        replay = Replay(seen, [[[v - shift for v in row] for row in policy]])
+        trainer = make(tiny_path, settings=settings, sample=replay, prompt_ids=ids)
+        stats = trainer.train(1)
+        assert replay.requests[0].logprobs and "sampling/importance_sampling_ratio/mean" in stats
+        steps[shift] = (trainer.adapter(), stats)
+    # the policy's own log-probabilities: ratios of 1 (to rounding), the uncorrected step
+    assert steps[0.0][1]["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+    assert steps[1.0][1]["sampling/importance_sampling_ratio/max"] == pytest.approx(2.0)  # e^1 capped at C_max
+    assert not same(steps[0.0][0], steps[1.0][0])
+
+
+def scored_logprobs(trainer: LoraGRPO, ids: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+    """Each completion's token log-probabilities under the trainer's (untrained) policy: the step's
+    prompts are those of step 0's order, G rows each."""
+    order = prompt_order(len(PROMPTS), SETTINGS.prompts_per_step, SETTINGS.seed, 0, 1)
+    rows = [ids[i] for i in order for _ in range(SETTINGS.num_generations)]
+    out = []
+    with torch.no_grad():
+        for prompt, completion in zip(rows, completions):
+            logits = trainer.model(torch.tensor([prompt + completion])).logits[0].float()
+            logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+            out.append(logprobs[torch.arange(len(completion)), torch.tensor(completion)].tolist())
+    return out

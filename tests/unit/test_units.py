@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from evora.distributed.evaluate import merged_rows, widened
-from evora.distributed.units import search_units
+from evora.distributed.units import rollout_units, search_units
 from evora.distributed.worker import UnitResult
 from evora.distributed.worker_spec import host_lora_slots
 from evora.plan.compose import compose_run
 from evora.strategies.protocol import CandidateSpec
 from evora.tasks.scores import RewardCounts
+from evora.training.rollouts import RolloutRequest
 
 PROMPTS = tuple(range(100, 116))  # 16 prompts of a generation
 
@@ -137,3 +138,22 @@ def test_gpu_engines_capture_cuda_graphs_up_to_the_largest_call_and_cpu_engines_
     assert engine_spec(compose_run(["hardware=gpu", "engine.enforce_eager=true"]), "model").enforce_eager is True
     cpu = engine_spec(compose_run([]), "model")
     assert cpu.enforce_eager is True and "compilation_config" not in llm_args(cpu)
+
+
+def test_rollout_rows_are_cut_in_row_order_into_units_of_a_fixed_size():
+    """A trainer's rows in units of rows_per_unit, whatever the pool: each row keeps its own seed."""
+    request = RolloutRequest(
+        step=3,
+        prompts=tuple((1, i) for i in range(8)),
+        seeds=tuple(range(100, 108)),
+        max_tokens=5,
+        temperature=1.0,
+        top_p=1.0,
+        logprobs=True,
+        rows_per_unit=3,
+    )
+    units = rollout_units(request)
+    assert [len(u.prompts) for u in units] == [3, 3, 2] and {u.label for u in units} == {"grpo-s3"}
+    assert [p for u in units for p in u.prompts] == list(request.prompts)
+    assert [s.seed for u in units for s in u.sampling] == list(request.seeds)
+    assert all(u.logprobs and u.max_tokens == 5 and u.sampling[0].temperature == 1.0 for u in units)

@@ -3,8 +3,10 @@
 Defaults are the ES paper's GRPO baseline (its baselines/README.md, run with GRPO-Zero):
 group size 30 (= the ES population), 2 questions per step, learning rate 1e-5, AdamW
 betas (0.9, 0.999), weight decay 0, gradient clipping 1.0, no KL term, sampling at
-temperature 1. Deviation, by design: the paper trains every weight; evora trains a LoRA
-adapter (so a learning rate of 1e-5 moves it slowly; raise it for LoRA).
+temperature 1, no importance-sampling correction. Deviation, by design: the paper trains every
+weight; evora trains a LoRA adapter (so a learning rate of 1e-5 moves it slowly; raise it for LoRA).
+Completions are sampled on the run's engine workers (`rollouts=engines`), or, for comparison,
+with transformers' `generate` on the driver (`rollouts=driver`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from typing import Any
 from evora.config.checks import choice, require
 from evora.strategies.budget import BudgetFields, check_budget
 
-LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo")
+ROLLOUTS = ("engines", "driver")
+# TRL's vllm_importance_sampling_mode values, and none
+IMPORTANCE_SAMPLING = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 @dataclass(frozen=True)
@@ -30,13 +35,18 @@ class GRPOConfig(BudgetFields):
     temperature: float = 1.0  # sampling temperature of the group's completions
     max_grad_norm: float = 1.0  # gradient clipping
     weight_decay: float = 0.0  # AdamW decoupled weight decay
-    loss_type: str = "dapo"  # TRL's loss normalisation: dapo (per token over the batch) | grpo | dr_grpo | bnpo
+    loss_type: str = "dapo"  # TRL's loss: dapo (per token over the batch) | grpo | dr_grpo | bnpo | cispo | sapo
+    epsilon_high: float | None = None  # upper clip range (DAPO's clip-higher; cispo's epsilon max); None: epsilon
+    rollouts: str = "engines"  # where completions are sampled: engines (the run's workers) | driver (transformers)
+    rows_per_unit: int = 8  # completions one engine call samples (fixed: worker counts do not change a token)
+    importance_sampling: str = "none"  # correction for the sampler's log-probabilities (TRL's modes), engines only
+    importance_sampling_cap: float = 3.0  # its C_max
     micro_batches: int = 1  # gradient accumulation: a step's completions in this many forward/backward passes
     dropout: float = 0.0  # LoRA dropout
 
 
 def check_grpo(cfg: GRPOConfig, run: Any) -> None:
-    for key in ("num_generations", "prompts_per_step", "steps_per_generation", "micro_batches"):
+    for key in ("num_generations", "prompts_per_step", "steps_per_generation", "micro_batches", "rows_per_unit"):
         require(vars(cfg)[key] >= 1, f"strategy.{key}", vars(cfg)[key], "must be an integer >= 1")
     require(cfg.num_generations >= 2, "strategy.num_generations", cfg.num_generations, "must be >= 2 (a group)")
     completions = cfg.num_generations * cfg.prompts_per_step
@@ -60,4 +70,24 @@ def check_grpo(cfg: GRPOConfig, run: Any) -> None:
     require(cfg.weight_decay >= 0, "strategy.weight_decay", cfg.weight_decay, "must be >= 0")
     require(0 <= cfg.dropout < 1, "strategy.dropout", cfg.dropout, "must be in [0, 1)")
     choice("strategy.loss_type", cfg.loss_type, LOSS_TYPES)
+    choice("strategy.rollouts", cfg.rollouts, ROLLOUTS)
+    choice("strategy.importance_sampling", cfg.importance_sampling, IMPORTANCE_SAMPLING)
+    require(cfg.epsilon_high is None or cfg.epsilon_high > 0, "strategy.epsilon_high", cfg.epsilon_high, "must be > 0")
+    cap = cfg.importance_sampling_cap
+    require(cap > 0, "strategy.importance_sampling_cap", cap, "must be > 0")
+    if cfg.importance_sampling != "none":
+        require(
+            cfg.rollouts == "engines",
+            "strategy.importance_sampling",
+            cfg.importance_sampling,
+            "corrects the engines' sampling: needs strategy.rollouts=engines",
+        )
+        # the engines' log-probabilities are teacher-forced at temperature 1 (Engine.score): the
+        # sampling distribution's only when sampling itself is at temperature 1
+        require(
+            cfg.temperature == 1.0,
+            "strategy.importance_sampling",
+            cfg.importance_sampling,
+            f"needs strategy.temperature=1.0 (got {cfg.temperature}): the engines score at temperature 1",
+        )
     check_budget(cfg)

@@ -1,8 +1,9 @@
 """GRPO with a LoRA adapter through TRL's GRPOTrainer (`evora/training/grpo.py`), as a
 gradient strategy of the shared loop: each generation takes `steps_per_generation`
 optimizer steps on the driver, ending early once the run's budget is spent. Completions
-are sampled with transformers (TRL's vLLM mode pins an older vLLM than evora's) and scored
-by the task's reward through the same bounded scoring as every strategy."""
+are sampled on the run's engine workers (`context.sample`; `rollouts=driver`: with transformers
+on the driver, as TRL samples without vLLM) and scored by the task's reward through the same
+bounded scoring as every strategy."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ class GroupRelativePolicyOptimization(TrainedAdapter):
         def spend() -> Spend:
             return Spend(**{name: getattr(trainer, name) - before[name] for name in COUNTERS})
 
+        sampling = trainer.rollout_seconds
         stats = trainer.train(self.cfg.steps_per_generation, stop=lambda: context.spent(spend()))
-        return Told(self.state_of(trainer), {**stats, "step": float(trainer.step)}, spend=spend())
+        stats |= {"step": float(trainer.step), "seconds_rollout": trainer.rollout_seconds - sampling}
+        return Told(self.state_of(trainer), stats, spend=spend())
 
     def build_trainer(self, state: TrainedState, context: TrainingContext) -> LoraGRPO:
         if self._trainer is not None:
@@ -43,8 +46,15 @@ class GroupRelativePolicyOptimization(TrainedAdapter):
             weight_decay=cfg.weight_decay,
             seed=noise_key(self.seed, "grpo") % 2**32,  # TRL seeds numpy too (32-bit)
             loss_type=cfg.loss_type,
+            epsilon_high=cfg.epsilon_high,
             micro_batches=cfg.micro_batches,
+            importance_sampling=cfg.importance_sampling,
+            importance_sampling_cap=cfg.importance_sampling_cap,
+            rows_per_unit=cfg.rows_per_unit,
         )
+        on_engines = cfg.rollouts == "engines"
+        if on_engines and context.sample is None:
+            raise RuntimeError("strategy.rollouts=engines, but this run's driver was given no engine sampler")
         lora = LoraSpec(layout.rank, layout.alpha, layout.target_modules, layout.layers, cfg.dropout)
         return LoraGRPO(
             context.model_path,
@@ -57,4 +67,6 @@ class GroupRelativePolicyOptimization(TrainedAdapter):
             step=state.step,
             device=context.device,
             special_tokens=context.special_tokens,
+            sample=context.sample if on_engines else None,
+            prompt_ids=[context.prompt_ids(e) for e in context.train] if on_engines else None,
         )
