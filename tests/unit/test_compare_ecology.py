@@ -147,7 +147,9 @@ def test_conditions_markdown(sweep: Path, sft: Path, tmp_path: Path):
     # A baseline: "-" in the ecology's own columns, its best adapter's held-out accuracy and tokens.
     assert table["sft"] == ["sft", "sft (matched)", "-", "-", "-", "-", "0.4500", "4.00"]
     assert "| run | condition | episodes | mean ROI | merges | QD coverage | held-out accuracy |" in text
-    assert f"- `sft` is compute-matched to `{name}/2` by flops: 1.0e+09 search FLOPs; `{name}/2` spent 1.0e+09." in text
+    # matched by one measure, shown in all three
+    spent = "1.0e+09 FLOPs, 150 tokens, 2.0 s of search"
+    assert f"- `sft` is compute-matched to `{name}/2` by flops: {spent}; `{name}/2` spent {spent}." in text
     # The runs table is unchanged, and three conditions are three arms, not a spread over seeds.
     assert text.startswith("# Held-out reward, KL and search compute\n\n| run | strategy | base |")
     assert "## Consistency across runs" not in text

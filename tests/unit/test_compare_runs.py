@@ -225,12 +225,13 @@ def test_markdown(rows, tmp_path):
         "-",
         "-",
         "3.0e+12",
+        "4100",  # search tokens: prompt + generated + scored + trained
+        "30.0",  # search seconds: the three measures a run is matched by
         "4000",
-        "0",
         "33.0",
     ]
     assert table["pbt-run"][3:9] == ["-", "0.8000", "-", "-", "-", "3.0e+11"]
-    assert table["crashed-run"] == ["crashed-run", "ga"] + ["-"] * 10
+    assert table["crashed-run"] == ["crashed-run", "ga"] + ["-"] * 11
     assert "Highest best held-out reward: 0.8000, reached by `pbt-run` (3.0e+11 search FLOPs)" in text
     assert "`es-run` (es, addition, tiny): best held-out reward 0.7000 at generation 2, after 2.0e+10" in text
     assert "`crashed-run` (ga, addition, tiny): unfinished" in text

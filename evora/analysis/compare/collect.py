@@ -56,6 +56,9 @@ class RunRow:
     kept_skills_n: int = 0
     matched: str | None = None  # strategy.match (BudgetFields): the run a compute-matched baseline spent as much as
     matched_by: str | None = None  # strategy.match_by: flops | tokens | seconds
+    # The search's compute in the two other measures a run can be matched by (strategy.match_by).
+    tokens_search: int | None = None  # prompt + generated + scored + trained
+    seconds_search: float | None = None  # wall-clock seconds of search (set-up and evaluation apart)
     search_decoding: str | None = None  # "greedy", or the sampling of search ("T=1 n=4 mean")
     eval_decoding: str | None = None  # "greedy", or the sampling of held-out evaluation
     kl_penalty: float | None = None  # task.kl_penalty
@@ -139,6 +142,12 @@ def _best_flops(metrics: list[dict[str, Any]], generation: int | None, flops_sea
     return found[-1] if found else flops_search
 
 
+def _tokens_search(search: dict[str, Any]) -> int | None:
+    """Every token the search processed (the measure strategy.match_by=tokens spends), or None."""
+    counts = [count(search.get(f"tokens_{kind}")) for kind in ("prompt", "generated", "scored", "trained")]
+    return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
+
 def _strategy_fields(config: dict[str, Any], summary: dict[str, Any] | None) -> dict[str, Any]:
     """strategy.match / match_by of a compute-matched baseline, and the strategy's own compare values."""
     section = config.get("strategy")
@@ -178,6 +187,8 @@ def read_row(name: str, run: Path) -> RunRow:
         tokens_generated=count(search.get("tokens_generated")),
         tokens_trained=count(search.get("tokens_trained")),
         seconds_total=number(compute.get("seconds", {}).get("total")),
+        tokens_search=_tokens_search(search),
+        seconds_search=number(compute.get("seconds", {}).get("search")),
         curve=_curve(metrics, base, best, flops_search),
         best_flops=_best_flops(metrics, best_generation, flops_search) if summary else None,
         best_kl=headline(summary, "best", "kl"),

@@ -35,8 +35,9 @@ COLUMNS = (
     "kept skills",
     "front",
     "search FLOPs",
+    "search tokens",
+    "search s",
     "tokens generated",
-    "tokens trained",
     "wall-clock s",
 )
 CONSISTENCY_COLUMNS = ("strategy", "task", "model", "n", "mean", "std", "min", "max")
@@ -86,8 +87,9 @@ def cells(row: RunRow, front: bool | None = None) -> list[str]:
         _kept(row),
         _front(front),
         _flops(row.flops_search),
+        _plain(row.tokens_search),
+        _plain(row.seconds_search, 1),
         _plain(row.tokens_generated),
-        _plain(row.tokens_trained),
         _plain(row.seconds_total, 1),
     ]
 
@@ -206,14 +208,19 @@ def _consistency_lines(found: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def _spent(row: RunRow) -> str:
+    """A run's search compute in all three measures a run can be matched by."""
+    return (
+        f"{_flops(row.flops_search)} FLOPs, {_plain(row.tokens_search)} tokens, "
+        f"{_plain(row.seconds_search, 1)} s of search"
+    )
+
+
 def _matched_line(row: RunRow, rows: list[RunRow]) -> str:
     other = matched_run(row, rows)
-    against = "" if other is None else f"; `{other.name}` spent {_flops(other.flops_search)}"
+    against = "" if other is None else f"; `{other.name}` spent {_spent(other)}"
     named = f"`{other.name}`" if other else f"`{row.matched}` (not compared here)"
-    return (
-        f"- `{row.name}` is compute-matched to {named} by {row.matched_by}: "
-        f"{_flops(row.flops_search)} search FLOPs{against}."
-    )
+    return f"- `{row.name}` is compute-matched to {named} by {row.matched_by}: {_spent(row)}{against}."
 
 
 def strategy_table_lines(rows: list[RunRow]) -> list[str]:

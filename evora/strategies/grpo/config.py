@@ -19,6 +19,7 @@ from evora.strategies.budget import BudgetFields, check_budget
 
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo")
 ROLLOUTS = ("engines", "driver")
+SCALE_REWARDS = ("group", "batch", "none")  # TRL's scale_rewards
 # TRL's vllm_importance_sampling_mode values, and none
 IMPORTANCE_SAMPLING = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -36,6 +37,7 @@ class GRPOConfig(BudgetFields):
     max_grad_norm: float = 1.0  # gradient clipping
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     loss_type: str = "dapo"  # TRL's loss: dapo (per token over the batch) | grpo | dr_grpo | bnpo | cispo | sapo
+    scale_rewards: str = "group"  # advantages divided by the group's reward std | batch | none (Dr. GRPO)
     epsilon_high: float | None = None  # upper clip range (DAPO's clip-higher; cispo's epsilon max); None: epsilon
     rollouts: str = "engines"  # where completions are sampled: engines (the run's workers) | driver (transformers)
     rows_per_unit: int = 8  # completions one engine call samples (fixed: worker counts do not change a token)
@@ -71,6 +73,7 @@ def check_grpo(cfg: GRPOConfig, run: Any) -> None:
     require(0 <= cfg.dropout < 1, "strategy.dropout", cfg.dropout, "must be in [0, 1)")
     choice("strategy.loss_type", cfg.loss_type, LOSS_TYPES)
     choice("strategy.rollouts", cfg.rollouts, ROLLOUTS)
+    choice("strategy.scale_rewards", cfg.scale_rewards, SCALE_REWARDS)
     choice("strategy.importance_sampling", cfg.importance_sampling, IMPORTANCE_SAMPLING)
     require(cfg.epsilon_high is None or cfg.epsilon_high > 0, "strategy.epsilon_high", cfg.epsilon_high, "must be > 0")
     cap = cfg.importance_sampling_cap

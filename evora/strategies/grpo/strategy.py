@@ -47,6 +47,7 @@ class GroupRelativePolicyOptimization(TrainedAdapter):
             seed=noise_key(self.seed, "grpo") % 2**32,  # TRL seeds numpy too (32-bit)
             loss_type=cfg.loss_type,
             epsilon_high=cfg.epsilon_high,
+            scale_rewards=cfg.scale_rewards,
             micro_batches=cfg.micro_batches,
             importance_sampling=cfg.importance_sampling,
             importance_sampling_cap=cfg.importance_sampling_cap,
