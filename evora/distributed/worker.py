@@ -135,6 +135,7 @@ class EngineWorker:
         self.task_config = spec.task  # its decoding, per split
         self.memory = MemoryGauge()
         self._payload: tuple[Any, Any] = (None, None)  # (ref, payload): the last shared payload read
+        self._rollout_adapter: tuple[str | None, AdapterRef | None] = (None, None)  # (step label, its adapter)
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -218,18 +219,28 @@ class EngineWorker:
         """A trainer's completions (GRPO's groups): `payload` is the policy's adapter tensors
         (None: the engine's own weights), as `evaluate` gets its payload; with `unit.logprobs`,
         each completion token's log-probability under the same adapter (the engine's `score`)."""
-        adapter = self._shared(payload) if isinstance(payload, SharedPayload) else payload
-        keep = self.scratch.hold if self.engine.loads_from_memory else self.scratch.write
-        ref = None if adapter is None else keep(unit.label, adapter, self.layout, self.dtype)
+        ref = self._policy(payload, unit.label)
         prompts, adapters = [list(p) for p in unit.prompts], [ref] * len(unit.prompts)
         completions = [c.token_ids for c in self.engine.generate(prompts, adapters, unit.max_tokens, unit.sampling)]
         logprobs = None
         if unit.logprobs:
             scored = self.engine.score(prompts, [list(c) for c in completions], adapters)
             logprobs = [tuple(values) for values in scored]
-        if ref is not None:
-            self._release([ref])
         return RolloutResult(completions, logprobs, self.index)
+
+    def _policy(self, payload: Any, label: str) -> AdapterRef | None:
+        """The policy's adapter for a rollout unit: loaded once a step (its `label`) and kept for the
+        step's other units on this worker; the previous step's is released then."""
+        held_label, held = self._rollout_adapter
+        if held_label == label:
+            return held
+        if held is not None:
+            self._release([held])
+        adapter = self._shared(payload) if isinstance(payload, SharedPayload) else payload
+        keep = self.scratch.hold if self.engine.loads_from_memory else self.scratch.write
+        ref = None if adapter is None else keep(label, adapter, self.layout, self.dtype)
+        self._rollout_adapter = (label, ref)
+        return ref
 
     def _shared(self, shared: SharedPayload) -> Any:
         import ray

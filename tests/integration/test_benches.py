@@ -214,6 +214,16 @@ def test_organism(tmp_path):
     run_bench("organism.py", "--merge", str(tmp_path), "--out", str(tmp_path / "merged"))  # runs nothing
     assert read(tmp_path / "merged" / "organism.json", {"rows"})["rows"] == report["rows"]
     assert (tmp_path / "merged" / "plots" / "organism_accuracy.png").is_file()
+    # GRPO's rollouts both ways, matched to the same es run (kept, not run again)
+    grpo = tmp_path / "grpo"
+    result = run_bench("grpo_rollouts.py", "--es", es["run"], "--engine", "hf", "--workers", "1", "--out", str(grpo))
+    rollouts = read(grpo / "grpo_rollouts.json", {"es", "grpo", "speedup"})
+    assert set(rollouts["grpo"]) == {"driver", "engines"} and rollouts["es"]["run"] == es["run"]
+    for mode in ("driver", "engines"):
+        measured = rollouts["grpo"][mode]
+        assert measured["tokens_generated"] > 0 and measured["tokens_per_second"] > 0
+        assert measured["flops"] >= rollouts["es"]["flops"]  # matched: it stops at the step past es's FLOPs
+    assert rollouts["speedup"] > 0 and "x transformers' generate on the driver" in result.stdout
 
 
 def test_organism_sweep(tmp_path):
