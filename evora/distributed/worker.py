@@ -36,6 +36,7 @@ from evora.distributed.in_place import complete_in_place
 from evora.distributed.memory_deaths import oom_kills
 from evora.distributed.units import GroupSum, GroupTask, RolloutResult, RolloutUnit
 from evora.distributed.worker_memory import MemoryGauge
+from evora.distributed.worker_rollouts import RolloutSampler
 from evora.distributed.worker_spec import ADAPTER_DTYPES, WorkerSpec, load_tokenizer, resolve_task
 from evora.engines import AdapterRef, Completion, create_engine
 from evora.engines.adapter_store import AdapterScratch
@@ -135,7 +136,7 @@ class EngineWorker:
         self.task_config = spec.task  # its decoding, per split
         self.memory = MemoryGauge()
         self._payload: tuple[Any, Any] = (None, None)  # (ref, payload): the last shared payload read
-        self._rollout_adapter: tuple[str | None, AdapterRef | None] = (None, None)  # (step label, its adapter)
+        self.rollouts = RolloutSampler(self.engine, self.scratch, self.layout, self.dtype, self._release)
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -216,31 +217,10 @@ class EngineWorker:
         return GroupSum(task.group, tensors, self.index, time.perf_counter() - start)
 
     def rollout(self, payload: Any, unit: RolloutUnit) -> RolloutResult:
-        """A trainer's completions (GRPO's groups): `payload` is the policy's adapter tensors
-        (None: the engine's own weights), as `evaluate` gets its payload; with `unit.logprobs`,
-        each completion token's log-probability under the same adapter (the engine's `score`)."""
-        ref = self._policy(payload, unit.label)
-        prompts, adapters = [list(p) for p in unit.prompts], [ref] * len(unit.prompts)
-        completions = [c.token_ids for c in self.engine.generate(prompts, adapters, unit.max_tokens, unit.sampling)]
-        logprobs = None
-        if unit.logprobs:
-            scored = self.engine.score(prompts, [list(c) for c in completions], adapters)
-            logprobs = [tuple(values) for values in scored]
-        return RolloutResult(completions, logprobs, self.index)
-
-    def _policy(self, payload: Any, label: str) -> AdapterRef | None:
-        """The policy's adapter for a rollout unit: loaded once a step (its `label`) and kept for the
-        step's other units on this worker; the previous step's is released then."""
-        held_label, held = self._rollout_adapter
-        if held_label == label:
-            return held
-        if held is not None:
-            self._release([held])
+        """A trainer's completions (GRPO's groups; `payload`: the policy's adapter tensors, as
+        `evaluate` gets its payload) and, with `unit.logprobs`, their log-probabilities."""
         adapter = self._shared(payload) if isinstance(payload, SharedPayload) else payload
-        keep = self.scratch.hold if self.engine.loads_from_memory else self.scratch.write
-        ref = None if adapter is None else keep(label, adapter, self.layout, self.dtype)
-        self._rollout_adapter = (label, ref)
-        return ref
+        return self.rollouts.run(adapter, unit, self.index)
 
     def _shared(self, shared: SharedPayload) -> Any:
         import ray

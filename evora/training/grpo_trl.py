@@ -78,6 +78,39 @@ def from_trl(name: str) -> Any:
         return getattr(trl, name)  # trl imports lazily: the attribute is the real import
 
 
+def rollout_func(prompts: list, trainer: Any) -> dict[str, Any]:
+    """TRL's `rollout_func`: the rows the trainer is generating (`evora_run.batch`), sampled by
+    `evora_run.sample` from the policy's adapter as it is now."""
+    run, settings = trainer.evora_run, trainer.evora_run.settings
+    assert run.sample is not None and len(run.batch) == len(prompts)
+    step = run.step0 + trainer.state.global_step
+    rows = tuple(run.prompt_ids[i] for i in run.batch)
+    request = RolloutRequest(
+        step=step,
+        prompts=rows,
+        seeds=tuple(rollout_seed(run.seed, step, row) for row in range(len(rows))),
+        max_tokens=settings.max_completion_length,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        logprobs=settings.corrects_sampling,
+        rows_per_unit=settings.rows_per_unit,
+        adapter=policy_adapter(trainer.model),
+    )
+    rollouts = run.sample(request)
+    completions = [list(r.completion_ids) for r in rollouts]
+    if request.logprobs:  # the engines' teacher-forced pass over prompt and completion
+        run.counters.scored += sum(len(p) + len(c) for p, c in zip(rows, completions))
+    logprobs = [list(r.logprobs or ()) for r in rollouts] if request.logprobs else None
+    return {"prompt_ids": [list(p) for p in rows], "completion_ids": completions, "logprobs": logprobs}
+
+
+def correct_sampling(trainer: Any) -> None:
+    """TRL's importance-sampling correction, without TRL's vLLM backend (see the module doc)."""
+    trainer.use_vllm = True
+    trainer.vllm_generation = AdapterTravelsWithRequests()
+    trainer._last_loaded_step = -1
+
+
 @functools.cache
 def trainer_class() -> type:
     """GRPOTrainer with our data order, RNG and counters."""
@@ -86,39 +119,11 @@ def trainer_class() -> type:
     class EvoraGRPOTrainer(GRPOTrainer):  # type: ignore[misc, valid-type]  # a class only known at run time
         def __init__(self, *args: Any, evora_run: TrainerRun, **kwargs: Any):
             self.evora_run = evora_run
-            rollout_func = self._rollouts if evora_run.sample is not None else None
             with warnings.catch_warnings():  # that rollout_func is experimental: its use is pinned with TRL
                 warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
-                super().__init__(*args, rollout_func=rollout_func, **kwargs)
-            if rollout_func is not None and evora_run.settings.corrects_sampling:
-                self.use_vllm = True  # TRL's switch for its importance-sampling correction (see the module doc)
-                self.vllm_generation = AdapterTravelsWithRequests()
-                self._last_loaded_step = -1
-
-        def _rollouts(self, prompts: list, trainer: Any) -> dict[str, Any]:
-            """TRL's `rollout_func`: the rows TRL is generating (`evora_run.batch`), sampled by
-            `evora_run.sample` from the policy's adapter as it is now."""
-            run, settings = self.evora_run, self.evora_run.settings
-            assert run.sample is not None and len(run.batch) == len(prompts)
-            step = run.step0 + self.state.global_step
-            rows = tuple(run.prompt_ids[i] for i in run.batch)
-            request = RolloutRequest(
-                step=step,
-                prompts=rows,
-                seeds=tuple(rollout_seed(run.seed, step, row) for row in range(len(rows))),
-                max_tokens=settings.max_completion_length,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                logprobs=settings.corrects_sampling,
-                rows_per_unit=settings.rows_per_unit,
-                adapter=policy_adapter(self.model),
-            )
-            rollouts = run.sample(request)
-            completions = [list(r.completion_ids) for r in rollouts]
-            if request.logprobs:  # the engines' teacher-forced pass over prompt and completion
-                run.counters.scored += sum(len(p) + len(c) for p, c in zip(rows, completions))
-            logprobs = [list(r.logprobs or ()) for r in rollouts] if request.logprobs else None
-            return {"prompt_ids": [list(p) for p in rows], "completion_ids": completions, "logprobs": logprobs}
+                super().__init__(*args, rollout_func=rollout_func if evora_run.sample else None, **kwargs)
+            if evora_run.sample is not None and evora_run.settings.corrects_sampling:
+                correct_sampling(self)
 
         def _send_telemetry(self) -> None:  # no pings to the hub from training workers
             return None

@@ -193,31 +193,49 @@ def test_gpu_check(tmp_path):
     assert "| check | result | detail | s |" in result.stdout  # the table to paste into a note
 
 
-def test_organism(tmp_path):
+# The organism benches run whole CLI runs (minutes): a group of their own, beside the others'.
+ORGANISM_GROUP = pytest.mark.xdist_group("organism")
+
+
+@pytest.fixture(scope="module")
+def organism_es(tmp_path_factory) -> tuple[Path, dict]:
+    """organism.py's es at least sizes: (its folder, its row), for test_organism to add to and
+    test_grpo_rollouts to match."""
+    out = tmp_path_factory.mktemp("organism")
+    run_bench("organism.py", "--strategies", "es", "--out", str(out))
+    [es] = read(out / "organism.json", {"machine", "rows"})["rows"]
+    return out, es
+
+
+@ORGANISM_GROUP
+def test_organism(organism_es):
     """es, then sft added to its table (`--add`) and matched to the kept es run's FLOPs, at least
     sizes; the table, its plot and evora compare's files; then that table merged into another."""
-    run_bench("organism.py", "--strategies", "es", "--out", str(tmp_path))
-    [es_alone] = read(tmp_path / "organism.json", {"machine", "rows"})["rows"]
-    result = run_bench(
-        "organism.py", "--strategies", "sft", "--add", "--out", str(tmp_path), "--machine", "the test machine"
-    )
-    report = read(tmp_path / "organism.json", {"machine", "rows"})
+    out, es_alone = organism_es
+    machine = ("--machine", "the test machine")
+    result = run_bench("organism.py", "--strategies", "sft", "--add", "--out", str(out), *machine)
+    report = read(out / "organism.json", {"machine", "rows"})
     assert [(r["strategy"], r["seed"]) for r in report["rows"]] == [("es", 0), ("sft", 0)]
     es, sft = report["rows"]
     assert es == es_alone  # kept, not run again
     assert abs(sft["flops"] - es["flops"]) / es["flops"] <= 0.5  # strategy.match stops at the step past es's FLOPs
     assert all(r["curve"] and r["seconds"] > 0 and 0 <= r["best_accuracy"] <= 1 for r in report["rows"])
-    table = (tmp_path / "organism.md").read_text()
+    table = (out / "organism.md").read_text()
     assert "| es | 1 |" in table and "| sft | 1 |" in table and "the test machine" in result.stdout
-    assert (tmp_path / "plots" / "organism_accuracy.png").stat().st_size > 0
-    assert (tmp_path / "compare.md").is_file() and (tmp_path / "plots" / "reward_kl.png").is_file()
-    run_bench("organism.py", "--merge", str(tmp_path), "--out", str(tmp_path / "merged"))  # runs nothing
-    assert read(tmp_path / "merged" / "organism.json", {"rows"})["rows"] == report["rows"]
-    assert (tmp_path / "merged" / "plots" / "organism_accuracy.png").is_file()
-    # GRPO's rollouts both ways, matched to the same es run (kept, not run again)
-    grpo = tmp_path / "grpo"
-    result = run_bench("grpo_rollouts.py", "--es", es["run"], "--engine", "hf", "--workers", "1", "--out", str(grpo))
-    rollouts = read(grpo / "grpo_rollouts.json", {"es", "grpo", "speedup"})
+    assert (out / "plots" / "organism_accuracy.png").stat().st_size > 0
+    assert (out / "compare.md").is_file() and (out / "plots" / "reward_kl.png").is_file()
+    run_bench("organism.py", "--merge", str(out), "--out", str(out / "merged"))  # runs nothing
+    assert read(out / "merged" / "organism.json", {"rows"})["rows"] == report["rows"]
+    assert (out / "merged" / "plots" / "organism_accuracy.png").is_file()
+
+
+@ORGANISM_GROUP
+def test_grpo_rollouts(organism_es, tmp_path):
+    """GRPO's rollouts both ways, matched to a kept es run (not run again)."""
+    es = organism_es[1]
+    engine = ("--engine", "hf", "--workers", "1")
+    result = run_bench("grpo_rollouts.py", "--es", es["run"], *engine, "--out", str(tmp_path))
+    rollouts = read(tmp_path / "grpo_rollouts.json", {"es", "grpo", "speedup"})
     assert set(rollouts["grpo"]) == {"driver", "engines"} and rollouts["es"]["run"] == es["run"]
     for mode in ("driver", "engines"):
         measured = rollouts["grpo"][mode]
@@ -226,6 +244,7 @@ def test_organism(tmp_path):
     assert rollouts["speedup"] > 0 and "x transformers' generate on the driver" in result.stdout
 
 
+@ORGANISM_GROUP
 def test_organism_sweep(tmp_path):
     """An Optuna grid of es's sigma (2 trials at least sizes): its table from the sweep's own summary."""
     run_bench("organism_sweep.py", "--out", str(tmp_path))
