@@ -261,3 +261,11 @@ def scored_logprobs(trainer: LoraGRPO, ids: list[list[int]], completions: list[l
             logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
             out.append(logprobs[torch.arange(len(completion)), torch.tensor(completion)].tolist())
     return out
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo"])
+def test_trls_other_losses_take_a_step(tiny_path, loss_type):
+    trainer = make(tiny_path, settings={"loss_type": loss_type, "epsilon_high": 0.28})
+    stats = trainer.train(1)
+    assert stats["steps"] == 1 and torch.isfinite(torch.tensor(stats["loss"]))
+    assert not same(trainer.adapter(), make(tiny_path).adapter())
