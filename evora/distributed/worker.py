@@ -36,7 +36,7 @@ from evora.distributed.in_place import complete_in_place
 from evora.distributed.memory_deaths import oom_kills
 from evora.distributed.units import GroupSum, GroupTask, RolloutResult, RolloutUnit
 from evora.distributed.worker_memory import MemoryGauge
-from evora.distributed.worker_rollouts import RolloutSampler
+from evora.distributed.worker_rollouts import WorkerRollouts
 from evora.distributed.worker_spec import ADAPTER_DTYPES, WorkerSpec, load_tokenizer, resolve_task
 from evora.engines import AdapterRef, Completion, create_engine
 from evora.engines.adapter_store import AdapterScratch
@@ -136,7 +136,7 @@ class EngineWorker:
         self.task_config = spec.task  # its decoding, per split
         self.memory = MemoryGauge()
         self._payload: tuple[Any, Any] = (None, None)  # (ref, payload): the last shared payload read
-        self.rollouts = RolloutSampler(self.engine, self.scratch, self.layout, self.dtype, self._release)
+        self.rollouts = WorkerRollouts(self.engine, self.scratch, self.layout, self.dtype, self._release)
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -233,12 +233,12 @@ class EngineWorker:
         """Each spec's adapter, loaded or held; None for the base model, the engine's own weights
         (CENTER of a full-weight strategy) and candidates that perturb those weights in place."""
         layout = layout_of(payload) or self.layout  # PBT members differ in rank and modules
-        keep = self.scratch.hold if self.engine.loads_from_memory else self.scratch.write
         refs: list[AdapterRef | None] = []
+        in_memory = self.engine.loads_from_memory
         for spec in unit.specs:
-            in_place = self.in_place and spec.op == PERTURB
-            tensors = None if in_place else materialise(self.strategy, payload, spec)
-            refs.append(None if tensors is None else keep(spec.label, tensors, layout, self.dtype))
+            tensors = None if self.in_place and spec.op == PERTURB else materialise(self.strategy, payload, spec)
+            keep = None if tensors is None else self.scratch.keep(spec.label, tensors, layout, self.dtype, in_memory)
+            refs.append(keep)
         return refs
 
     def _release(self, refs: list[AdapterRef | None]) -> None:

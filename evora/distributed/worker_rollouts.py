@@ -15,7 +15,7 @@ from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
 
 
-class RolloutSampler:
+class WorkerRollouts:
     def __init__(
         self,
         engine: Engine,
@@ -46,7 +46,7 @@ class RolloutSampler:
             return held
         if held is not None:
             self.release([held])
-        keep = self.scratch.hold if self.engine.loads_from_memory else self.scratch.write
-        ref = None if adapter is None else keep(label, adapter, self.layout, self.dtype)
+        in_memory = self.engine.loads_from_memory
+        ref = None if adapter is None else self.scratch.keep(label, adapter, self.layout, self.dtype, in_memory)
         self.held = (label, ref)
         return ref

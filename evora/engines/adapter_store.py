@@ -42,6 +42,12 @@ class AdapterScratch:
         cast = {name: t.to(dtype).contiguous() for name, t in tensors.items()}
         return AdapterRef(lora_id, f"{label}#{lora_id}", "", cast, adapter_config(layout))
 
+    def keep(
+        self, label: str, tensors: dict[str, torch.Tensor], layout: AdapterLayout, dtype: torch.dtype, in_memory: bool
+    ) -> AdapterRef:
+        """`hold` for an engine that loads adapters from memory, else `write`."""
+        return (self.hold if in_memory else self.write)(label, tensors, layout, dtype)
+
     def _fresh_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
