@@ -155,6 +155,10 @@ class HardwareConfig:
     cpus_per_worker: float = 1.0
     cpu_threads_per_worker: int = 1
     driver_cpus: float = 0.0
+    # torch's compute threads in the driver (sft's and grpo's training, updates on the host). Fixed
+    # on CPU machines: two threads per process on an oversubscribed host stall small ops for whole
+    # time slices. None: torch's default.
+    driver_threads: Optional[int] = None
     driver_gpus: float = 0.0  # GPUs the driver actor reserves: gradient strategies (sft, grpo) train on it
     spread: bool = False  # place workers on as many nodes as possible (Ray's SPREAD)
     driver_restarts: int = 3  # a killed driver actor restarts from the last checkpoint this often

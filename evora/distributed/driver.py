@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import ray
+import torch
 
 from evora.distributed.exporters import ExportParts
 from evora.distributed.finish import Outcome, final_event, report_against_base, write_run_summary
@@ -72,6 +73,8 @@ class Driver:
     # --- setup ----------------------------------------------------------------------
 
     def _setup(self) -> None:
+        if (threads := self.run_cfg.hardware.driver_threads) is not None:
+            torch.set_num_threads(threads)  # before the strategy builds anything: fixed reductions
         self.strategy = self.entry.build(self.run_cfg.strategy, self.run_cfg.seed)
         self._restore_or_init()
         self.recorder = recorder = Recorder(self.run_cfg, self.run_dir, self.loop.ledger, self.completed_at_start)

@@ -300,6 +300,8 @@ def _check_hardware(run: RunConfig) -> None:
         hw.cpu_threads_per_worker >= 1, "hardware.cpu_threads_per_worker", hw.cpu_threads_per_worker, "must be >= 1"
     )
     require(hw.driver_cpus >= 0, "hardware.driver_cpus", hw.driver_cpus, "must be >= 0")
+    threads = hw.driver_threads
+    require(threads is None or threads >= 1, "hardware.driver_threads", threads, "must be >= 1 or null")
     require(hw.driver_gpus >= 0, "hardware.driver_gpus", hw.driver_gpus, "must be >= 0")
     require(
         0 < hw.gpu_memory_utilization <= 1,
