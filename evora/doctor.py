@@ -86,6 +86,7 @@ def report(run: RunConfig) -> list[str]:
         lines.append(_layout_line(run, layout))
         memory = plan_memory(run, modules, layout)
         lines.extend(_memory_lines(run, memory))
+        lines.extend(_driver_lines(run, modules, layout))
         lines.extend(_units_lines(run))
         lines.append(_determinism_line(run, memory))
         lines.append(f"versions     {versions()}")
@@ -140,6 +141,20 @@ def _memory_lines(run: RunConfig, memory: Any) -> list[str]:
             f"{host.object_store / GIB:.0f} GiB = {host.need / GIB:.0f} of {host.total / GIB:.0f} GiB -> {verdict}"
         )
     return lines
+
+
+def _driver_lines(run: RunConfig, modules: ModelModules, layout: Any) -> list[str]:
+    """What training on the driver takes (sft, grpo, grpo_full), against its GPU where it has one."""
+    entry = get_strategy(run.strategy.name)
+    need = entry.kind.driver_bytes(lambda: entry.build(run.strategy, run.seed), layout, modules.parameters)
+    if not need:
+        return []
+    line = f"driver       training takes {need / GIB:.2f} GiB (fp32 weights, gradients, AdamW moments; no activations)"
+    if run.hardware.driver_gpus < 1:
+        return [f"{line} on the driver's host (hardware.driver_gpus=0)"]
+    what, total = device_memory(run)
+    fit = "memory unknown" if total is None else ("fits" if need <= total else "does NOT fit")
+    return [f"{line} on a GPU of its own (hardware.driver_gpus={run.hardware.driver_gpus:g}): {what} -> {fit}"]
 
 
 def _room_hint(run: RunConfig, memory: Any, total: int | None) -> str:

@@ -3,7 +3,7 @@ names its exporter):
 
 - adapters (population, gradient): `adapters/<center>` and `adapters/best`;
 - a routed portfolio (the ecology): those, its members (`adapters/organelles`) and `routing.json`;
-- full weights (EGGROLL): `model/` and `adapters/delta` (and `best_model/`, `adapters/best`).
+- full weights (EGGROLL, es_full, grpo_full): `model/` and `adapters/delta` (and `best_model/`, `adapters/best`).
 
 Each returns an `Export`: the best (what the finish compares with the base model), the adapters
 written, the summary's details, and the evaluation that comparison runs (`finish.Evaluate`)."""
@@ -24,7 +24,7 @@ from evora.distributed.scoring import CenterScoring
 from evora.lora import Tensors
 from evora.lora.peft_io import save_adapter
 from evora.plan.run_plan import RunPlan
-from evora.strategies.full_weights import FullWeightStrategy
+from evora.strategies.full_weights import MovesWeights
 from evora.strategies.protocol import BASE, PortfolioStrategy
 from evora.tracking.compute import Spend
 
@@ -40,6 +40,10 @@ class Export:
 
 class Centered(Protocol):
     def center(self, state: Any) -> Tensors: ...
+
+
+class CenteredWeights(Centered, MovesWeights, Protocol):
+    """A strategy that moves the engines' weights (es_full, EGGROLL, full-weight GRPO)."""
 
 
 S = TypeVar("S", bound=Centered)
@@ -112,7 +116,7 @@ def finish_adapters(parts: ExportParts[Any], best: Best, details: dict[str, Any]
     return Export(best, adapters, details, parts.evaluate_at_best(best))
 
 
-def export_weights(parts: ExportParts[FullWeightStrategy]) -> Export:
+def export_weights(parts: ExportParts[CenteredWeights]) -> Export:
     """A full-weight run: model/ (the final weights, whole) and adapters/delta (their update as
     a LoRA); best_model/ and adapters/best when the best generation is an earlier one; the
     evaluation that compares the best generation's weights with the model's own."""

@@ -31,14 +31,14 @@ from evora.lora.layout import AdapterLayout
 from evora.lora.peft_io import save_adapter
 from evora.lora.resize import low_rank_delta
 from evora.models.export import model_folder, write_model
-from evora.strategies.full_weights import FullWeightStrategy, matrix_name
+from evora.strategies.full_weights import MovesWeights, matrix_name
 from evora.strategies.protocol import BASE, CENTER
 
 SNAPSHOT = "weights_gen_{}.safetensors"
 
 
 class EngineWeights:
-    def __init__(self, strategy: FullWeightStrategy, pool: WorkerPool, run_dir: Path, snapshots: list[int], knobs: str):
+    def __init__(self, strategy: MovesWeights, pool: WorkerPool, run_dir: Path, snapshots: list[int], knobs: str):
         self.strategy = strategy
         self.pool = pool
         self.folder = run_dir / "checkpoints"

@@ -3,10 +3,11 @@ GRPO's groups go through the same engines, work units and seeded sampling as eva
 
 A request's rows are cut into units of `rows_per_unit` rows in row order, whatever the pool's
 size, and each row samples from its own seeded stream: 1 or N workers give the same tokens
-(docs/architecture.md, "Determinism rules"). The policy's adapter travels once a step through
-the object store (`SharedPayload`: each worker reads it once) and each unit loads it under the
-step's label, in memory where the engine takes adapters so (`AdapterScratch.hold`), else
-through tmpfs; the engines' own weights are the policy where the request carries no adapter."""
+(docs/architecture.md, "Determinism rules"). The policy travels once a step through the object
+store (`SharedPayload`: each worker reads it once) and each worker takes it in once a step
+(`worker_rollouts.py`): an adapter loaded under the step's label, in memory where the engine
+takes adapters so (`AdapterScratch.keep`), else through tmpfs; full-weight training's matrices
+written into the engine's own weights."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class EngineRollouts:
         self.pool = pool
 
     def __call__(self, request: RolloutRequest) -> list[Rollout]:
-        results: list[RolloutResult] = self.pool.run(ray.put(request.adapter), rollout_units(request), method="rollout")
+        results: list[RolloutResult] = self.pool.run(ray.put(request.policy), rollout_units(request), method="rollout")
         return [
             Rollout(ids, None if result.logprobs is None else result.logprobs[i])
             for result in results

@@ -198,6 +198,8 @@ class GradientSearch:
         started, parts = time.perf_counter(), self.parts
         told = parts.strategy.improve(state, generation, self.training)
         check_finite_center(generation + 1, parts.strategy.center(told.state), parts.plan.run.strategy)
+        if parts.weights is not None:  # trained over the engines' own weights: every worker takes them
+            told.stats.update(parts.weights.to(told.state, generation + 1))
         record = {"generation": generation + 1, **told.stats, "seconds_train": time.perf_counter() - started}
         return Searched(told.state, record, told.spend, stop=told.stop)
 

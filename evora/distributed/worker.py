@@ -46,9 +46,9 @@ from evora.lora import Tensors
 from evora.lora.base_weights import read_weights
 from evora.strategies import get_strategy
 from evora.strategies.full_weights import (
-    FullWeightStrategy,
     InPlaceStrategy,
     MasterWeights,
+    MovesWeights,
     matrix_name,
     transposed_matrices,
 )
@@ -217,10 +217,10 @@ class EngineWorker:
         return GroupSum(task.group, tensors, self.index, time.perf_counter() - start)
 
     def rollout(self, payload: Any, unit: RolloutUnit) -> RolloutResult:
-        """A trainer's completions (GRPO's groups; `payload`: the policy's adapter tensors, as
-        `evaluate` gets its payload) and, with `unit.logprobs`, their log-probabilities."""
-        adapter = self._shared(payload) if isinstance(payload, SharedPayload) else payload
-        return self.rollouts.run(adapter, unit, self.index)
+        """A trainer's completions (GRPO's groups; `payload`: the step's `Policy`, as `evaluate`
+        gets its payload) and, with `unit.logprobs`, their log-probabilities."""
+        policy = self._shared(payload) if isinstance(payload, SharedPayload) else payload
+        return self.rollouts.run(policy, unit, self.index)
 
     def _shared(self, shared: SharedPayload) -> Any:
         import ray
@@ -375,7 +375,7 @@ class EngineWorker:
             self._original = read_weights(self.model, names, self.revision)
         return self._original
 
-    def _full_weight(self) -> FullWeightStrategy:
+    def _full_weight(self) -> MovesWeights:
         assert self.strategy is not None, "a full-weight run's workers build its strategy"
         return self.strategy
 

@@ -35,7 +35,7 @@ from evora.config.checks import require
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
 from evora.lora.noise import DenseNoise, in_parallel
-from evora.strategies.protocol import CandidateSpec, GenerationResults, Strategy
+from evora.strategies.protocol import CandidateSpec, GenerationResults, GradientStrategy, Strategy
 from evora.strategies.shaping import shaping_input
 
 
@@ -162,11 +162,10 @@ def transposed_matrices(layout: AdapterLayout) -> frozenset[str]:
     return frozenset(matrix_name(slot.name) for slot in layout.modules if slot.stored_transposed)
 
 
-class FullWeightStrategy(Strategy, Protocol):
-    """Registered with kind=full_weight (see the module's docstring)."""
-
-    @property
-    def perturbation_rank(self) -> int: ...
+class MovesWeights(Protocol):
+    """What moves the engines' own weights, whatever finds the update: the workers' side (update,
+    apply, master copies), snapshots and the export (kind=full_weight; kind=trained_weights:
+    full-weight GRPO, whose update is the trained matrices themselves)."""
 
     @property
     def snapshot_every(self) -> int: ...
@@ -185,6 +184,22 @@ class FullWeightStrategy(Strategy, Protocol):
         """Whether its decay pulls towards the model's own weights (MasterWeights.anchor)."""
 
     def master_bytes(self, layout: AdapterLayout) -> int: ...
+
+
+class FullWeightStrategy(Strategy, MovesWeights, Protocol):
+    """Registered with kind=full_weight (see the module's docstring): a population whose
+    candidates are LoRAs of `perturbation_rank` over the moved weights."""
+
+    @property
+    def perturbation_rank(self) -> int: ...
+
+
+class TrainedWeightsStrategy(GradientStrategy, MovesWeights, Protocol):
+    """Registered with kind=trained_weights (full-weight GRPO): trained by gradient steps on the
+    driver, its update the trained matrices themselves."""
+
+    def driver_bytes(self, layout: AdapterLayout, parameters: int) -> int:
+        """Bytes its training takes on the driver, activations aside."""
 
 
 class InPlaceStrategy(FullWeightStrategy, Protocol):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Protocol, TypeVar
 
 from evora.lora.layout import AdapterLayout
-from evora.strategies.full_weights import FullWeightStrategy, InPlaceStrategy
+from evora.strategies.full_weights import FullWeightStrategy, InPlaceStrategy, TrainedWeightsStrategy
 from evora.strategies.noise_sums import SummedStrategy
 from evora.strategies.protocol import GradientStrategy, PortfolioStrategy, RefiningStrategy, Strategy
 
@@ -101,6 +101,10 @@ class Kind(Generic[P]):
         """Bytes a worker holds beside its engine (full-weight master copies)."""
         return 0
 
+    def driver_bytes(self, build: Callable[[], Any], layout: AdapterLayout, parameters: int) -> int:
+        """Bytes its training takes on the driver, activations aside (0: it trains nowhere there)."""
+        return 0
+
     def search_class(self) -> Any:
         assert self.search is not None, f"kind={self.name} runs its own job"
         return resolve(self.search)
@@ -157,6 +161,29 @@ class GradientKind(Kind[GradientStrategy]):
     def steps_per_generation(self, cfg: GradientConfig) -> int:
         return cfg.steps_per_generation
 
+    def driver_bytes(self, build: Callable[[], Any], layout: AdapterLayout, parameters: int) -> int:
+        """The model in fp32 (4 bytes a weight) and, per adapter weight, its gradient and AdamW's
+        two moments (12 more); a KL term's reference is the model with the adapter off."""
+        return 4 * parameters + 12 * layout.num_parameters()
+
+
+@dataclass(frozen=True)
+class TrainedWeightsKind(GradientKind):
+    """Trained on the driver, over the engines' own weights: the workers keep fp32 master copies
+    of the trained matrices in step, snapshotted and exported as a full-weight kind's."""
+
+    moves_weights: bool = True
+    weights: str | None = "evora.distributed.full_weights:EngineWeights"
+    exporter: str | None = "evora.distributed.exporters:export_weights"
+
+    def master_bytes(self, build: Callable[[], Any], layout: AdapterLayout) -> int:
+        strategy: TrainedWeightsStrategy = build()
+        return strategy.master_bytes(layout)
+
+    def driver_bytes(self, build: Callable[[], Any], layout: AdapterLayout, parameters: int) -> int:
+        strategy: TrainedWeightsStrategy = build()
+        return strategy.driver_bytes(layout, parameters)
+
 
 POPULATION: PopulationKind[Strategy] = PopulationKind(
     "population",
@@ -182,6 +209,11 @@ GRADIENT = GradientKind(
     GradientStrategy,
     "trained by gradient steps on the driver each generation; the engine workers score it",
 )
+TRAINED_WEIGHTS = TrainedWeightsKind(
+    "trained_weights",
+    TrainedWeightsStrategy,
+    "trained by gradient steps on the driver over the engines' own weights, which every worker keeps in step",
+)
 # PBT on Ray Tune: its population is the members it trains at once (the engines keep them all
 # loaded under engine.units=whole)
 JOB: PopulationKind[None] = PopulationKind(
@@ -191,4 +223,4 @@ JOB: PopulationKind[None] = PopulationKind(
     search=None,
     exporter=None,
 )
-KINDS: tuple[Kind[Any], ...] = (POPULATION, PORTFOLIO, FULL_WEIGHT, GRADIENT, JOB)
+KINDS: tuple[Kind[Any], ...] = (POPULATION, PORTFOLIO, FULL_WEIGHT, GRADIENT, TRAINED_WEIGHTS, JOB)

@@ -33,11 +33,11 @@ class TrainedAdapter:
         self.seed = run_seed
         self._trainer: Any = None  # kept between generations; rebuilt from the state after a restart
 
-    def initial_state(self, context: StrategyContext) -> TrainedState:
+    def initial_state(self, context: StrategyContext) -> Any:  # a TrainedState here; a subclass's own
         # B = 0: the adapter starts as the base model (PEFT's convention); A seeded by the run.
         return TrainedState(random_adapter(context.layout, noise_key(context.seed, self.init_salt), None, 0.0))
 
-    def center(self, state: TrainedState) -> Tensors:
+    def center(self, state: Any) -> Tensors:
         return state.adapter
 
     def trainer_at(self, state: TrainedState, context: TrainingContext) -> Any:
@@ -52,4 +52,4 @@ class TrainedAdapter:
     def state_of(trainer: Any) -> TrainedState:
         # copies: the trainer's optimizer tensors change in place at its next step
         optimizer = copy.deepcopy(trainer.optimizer.state_dict())
-        return TrainedState(clone_tensors(trainer.adapter()), optimizer, trainer.step)
+        return TrainedState(clone_tensors(trainer.trained()), optimizer, trainer.step)

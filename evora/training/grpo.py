@@ -1,17 +1,19 @@
-"""GRPO training of a LoRA adapter through TRL's `GRPOTrainer`, driven in chunks.
+"""GRPO training of a LoRA adapter, or of the model's own matrices, through TRL's `GRPOTrainer`,
+driven in chunks.
 
 What: each optimizer step draws `prompts_per_step` prompts, samples `num_generations`
 completions of each, scores them with the caller's reward, and takes one AdamW step on the
-group-relative advantages (TRL's loss, clipping and KL to the base model, as `GRPOSettings`
-sets them). The completions come from the caller's sampler where one is given (a run's engine
-workers, through TRL's `rollout_func`: `grpo_trl.py`), else from transformers' `generate` in
-this process (TRL's own vLLM mode stays off: it pins an older vLLM than evora's).
+group-relative advantages (TRL's loss, clipping and KL to the base model, as `GRPOSettings` sets
+them) over what `trains` names: a LoRA, or the model's own matrices (`full_spec.py`). The
+completions come from the caller's sampler where one is given (a run's engine workers, through
+TRL's `rollout_func`: `grpo_trl.py`), else from transformers' `generate` in this process (TRL's
+own vLLM mode stays off: it pins an older vLLM than evora's).
 
-How it is chunked: one `GRPOTrainer` lives as long as the `LoraGRPO`; each `train(k)`
+How it is chunked: one `GRPOTrainer` lives as long as the `GRPOTraining`; each `train(k)`
 sets `args.max_steps = k` and calls `GRPOTrainer.train()` again. What makes chunks
 continue one run rather than restart it:
 
-- the optimizer is ours (AdamW over the LoRA tensors, constant learning rate, a constant
+- the optimizer is ours (AdamW over the trained tensors, constant learning rate, a constant
   `LambdaLR`), handed to the trainer, so `Trainer.create_optimizer` keeps it and its state;
 - the prompts come from `_get_train_sampler`, overridden to yield the prompts of steps
   [step, step + k) of a fixed order: one seeded permutation per pass over the prompts, a
@@ -25,15 +27,16 @@ continue one run rather than restart it:
 - a callback ends a chunk after any step where `stop()` is True and records the logs
   (`GRPOTrainer.log`, one per step since logging_steps=1) that `train` averages.
 
-So `adapter()` + `state()` (+ the same constructor arguments) continue a run exactly: a
-run of 2 + 2 steps, with or without a rebuild in between, ends on the adapter of a run of 4.
+So `trained()` + `state()` (+ the same constructor arguments) continue a run exactly: a
+run of 2 + 2 steps, with or without a rebuild in between, ends on the tensors of a run of 4.
 
 Prompts are text as the model sees them; the tokenizer adds its special tokens (BOS) unless
 `special_tokens=False`, for chat-templated text that holds its own (`_tokenize_prompts`).
 
 The reference model (beta > 0) is the base model: the adapter is added from `peft_config`
 by TRL and is loaded afterwards, so TRL computes reference log-probs with the adapter
-disabled, never against a frozen copy of the adapter we started from.
+disabled, never against a frozen copy of the adapter we started from; with full weights, TRL
+loads a second copy of the model from its path.
 
 Token counters, cumulative since construction (real tokens: padding never counts):
 - tokens_prompt: prompt tokens of every row given to `generate` (TRL's `_generate`
@@ -56,7 +59,7 @@ and `_last_loaded_step` (`grpo_trl.py` says why).
 
 Where the parts live: the settings (`grpo_settings.py`), the prompt order, sampler and RNG
 (`grpo_order.py`), TRL's config, trainer subclass and callback (`grpo_trl.py`); this module
-holds `LoraGRPO`, which drives them, and re-exports the names callers import from here.
+holds `GRPOTraining`, which drives them, and re-exports the names callers import from here.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.noise import noise_key
+from evora.training.full_spec import FullSpec, Trained
 from evora.training.grpo_order import StepSampler, own_rng, prompt_order
 from evora.training.grpo_settings import Counters, GRPOSettings, LoraSpec, Reward
 from evora.training.grpo_trl import (
@@ -80,7 +84,6 @@ from evora.training.grpo_trl import (
     from_trl,
     grpo_config,
     mean_stats,
-    policy_adapter,
     reward_function,
     trainer_class,
 )
@@ -89,8 +92,9 @@ from evora.training.rollouts import RolloutSampler
 __all__ = [
     "SKIPPED_STATS",
     "Counters",
+    "FullSpec",
     "GRPOSettings",
-    "LoraGRPO",
+    "GRPOTraining",
     "LoraSpec",
     "Reward",
     "StepSampler",
@@ -106,15 +110,15 @@ __all__ = [
 ]
 
 
-class LoraGRPO:
+class GRPOTraining:
     def __init__(
         self,
         model_path: str,
-        lora: LoraSpec,
+        trains: Trained,  # a LoraSpec or a FullSpec
         settings: GRPOSettings,
         prompts: list[str],
         reward: Reward,
-        adapter: Tensors | None = None,
+        trained: Tensors | None = None,  # a saved state's (None: a fresh start)
         optimizer_state: dict | None = None,
         step: int = 0,
         device: str = "cpu",
@@ -129,14 +133,17 @@ class LoraGRPO:
         self.settings, self.step = settings, step
         self.device = torch.device(device if device != "cuda" or torch.cuda.is_available() else "cpu")
         ids = tuple(tuple(p) for p in prompt_ids or ())
-        self._run = TrainerRun(settings.seed, len(prompts), settings, special_tokens, sample=sample, prompt_ids=ids)
+        self.trains = trains
+        self._run = TrainerRun(
+            settings.seed, len(prompts), settings, special_tokens, trains, sample=sample, prompt_ids=ids
+        )
         self._output_dir = tempfile.mkdtemp(prefix="evora-grpo-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._output_dir, ignore_errors=True)
         self._callback = callback_class()()
         with own_rng(self.device):
-            self._trainer = self._build_trainer(model_path, lora, prompts, reward)
+            self._trainer = self._build_trainer(model_path, prompts, reward)
             self.model = self._trainer.model
-            self._load_adapter(adapter)
+            trains.load(self.model, trained, noise_key(settings.seed, "grpo-init"))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
         if optimizer_state is not None and self._fits(optimizer_state):
@@ -144,13 +151,14 @@ class LoraGRPO:
         self._trainer.optimizer = self.optimizer
         self._trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
 
-    def _build_trainer(self, model_path: str, lora: LoraSpec, prompts: list[str], reward: Reward) -> Any:
+    def _build_trainer(self, model_path: str, prompts: list[str], reward: Reward) -> Any:
         from datasets import Dataset
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.trainer_callback import PrinterCallback
 
         base: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         base = base.to(self.device)
+        self.trains.prepare(base)
         tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left", truncation_side="left")
         trainer = trainer_class()(
             model=base,
@@ -159,24 +167,11 @@ class LoraGRPO:
             train_dataset=Dataset.from_dict({"prompt": list(prompts), "index": list(range(len(prompts)))}),
             processing_class=tokenizer,
             callbacks=[self._callback],
-            peft_config=lora.peft_config(),
+            peft_config=self.trains.peft_config(),
             evora_run=self._run,
         )
         trainer.remove_callback(PrinterCallback)  # disable_tqdm swaps the progress bar for printed logs
         return trainer
-
-    def _load_adapter(self, adapter: Tensors | None) -> None:
-        from peft import set_peft_model_state_dict
-        from peft.tuners.lora import LoraLayer
-
-        if adapter is not None:
-            set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in adapter.items()})
-            return
-        # a fresh adapter's A init is seeded from the run's seed, not from whatever TRL seeded before wrapping
-        torch.manual_seed(noise_key(self.settings.seed, "grpo-init"))
-        for module in self.model.modules():
-            if isinstance(module, LoraLayer):
-                module.reset_lora_parameters("default", True)
 
     def _fits(self, optimizer_state: dict) -> bool:
         ours = [p.shape for group in self.optimizer.param_groups for p in group["params"]]
@@ -198,9 +193,9 @@ class LoraGRPO:
         self.model.eval()
         return {**mean_stats(self._callback.logs), "steps": float(taken)}
 
-    def adapter(self) -> Tensors:
-        """The adapter in PEFT naming, fp32 on the CPU."""
-        return policy_adapter(self.model)
+    def trained(self) -> Tensors:
+        """What it trains, fp32 on the CPU: the adapter in PEFT naming, or the matrices by checkpoint name."""
+        return self.trains.tensors(self.model)
 
     def state(self) -> dict[str, Any]:
         return {"step": self.step, "optimizer": self.optimizer.state_dict()}

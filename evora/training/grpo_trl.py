@@ -1,6 +1,6 @@
 """TRL's side of a chunked GRPO run (`evora/training/grpo.py`): its config from our settings,
 the reward in its signature, and the `GRPOTrainer` subclass and callback that read and write
-what the owning `LoraGRPO` shares with them (`TrainerRun`).
+what the owning `GRPOTraining` shares with them (`TrainerRun`).
 
 Where a sampler is given (`TrainerRun.sample`: the run's engine workers), completions come
 through TRL's `rollout_func` (TRL's tokenizer and `generate` are then not used for them) and TRL
@@ -8,7 +8,7 @@ keeps everything else: rewards, advantages, loss, clipping, KL and the optimizer
 importance-sampling correction is tied to its vLLM switch (`use_vllm`), which would also build
 TRL's own vLLM backend; so `use_vllm` stays off in the config and is turned on after
 construction, with `vllm_generation` an object whose `sync_weights` has nothing to do: each
-request carries the policy's adapter (`RolloutRequest.adapter`)."""
+request carries the policy (`RolloutRequest.policy`: the adapter, or the trained matrices)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import Sampler
 
 from evora.lora.noise import noise_key
+from evora.training.full_spec import Trained
 from evora.training.grpo_order import StepSampler, prompt_order
 from evora.training.grpo_settings import Counters, GRPOSettings, Reward
 from evora.training.rollouts import RolloutRequest, RolloutSampler
@@ -38,6 +39,7 @@ class TrainerRun:
     n_prompts: int
     settings: GRPOSettings
     special_tokens: bool
+    trains: Trained  # what is trained: it gives the engines the policy (`Trained.policy`)
     step0: int = 0  # optimizer steps taken before the current chunk
     counters: Counters = field(default_factory=Counters)
     sample: RolloutSampler | None = None  # None: TRL samples with transformers' generate on the driver
@@ -45,9 +47,9 @@ class TrainerRun:
     batch: tuple[int, ...] = ()  # the train indices of the rows TRL is generating now
 
 
-class AdapterTravelsWithRequests:
+class PolicyTravelsWithRequests:
     """TRL's `vllm_generation` where it calls only `sync_weights` (before a rollout, once a step):
-    the engines get the adapter with every request, so there is nothing to sync ahead."""
+    the engines get the policy (adapter or weights) with every request: nothing to sync ahead."""
 
     def sync_weights(self) -> None:
         return None
@@ -80,7 +82,7 @@ def from_trl(name: str) -> Any:
 
 def rollout_func(prompts: list, trainer: Any) -> dict[str, Any]:
     """TRL's `rollout_func`: the rows the trainer is generating (`evora_run.batch`), sampled by
-    `evora_run.sample` from the policy's adapter as it is now."""
+    `evora_run.sample` from the policy as it is now."""
     run, settings = trainer.evora_run, trainer.evora_run.settings
     assert run.sample is not None and len(run.batch) == len(prompts)
     step = run.step0 + trainer.state.global_step
@@ -94,7 +96,7 @@ def rollout_func(prompts: list, trainer: Any) -> dict[str, Any]:
         top_p=settings.top_p,
         logprobs=settings.corrects_sampling,
         rows_per_unit=settings.rows_per_unit,
-        adapter=policy_adapter(trainer.model),
+        policy=run.trains.policy(trainer.model),
     )
     rollouts = run.sample(request)
     completions = [list(r.completion_ids) for r in rollouts]
@@ -107,7 +109,7 @@ def rollout_func(prompts: list, trainer: Any) -> dict[str, Any]:
 def correct_sampling(trainer: Any) -> None:
     """TRL's importance-sampling correction, without TRL's vLLM backend (see the module doc)."""
     trainer.use_vllm = True
-    trainer.vllm_generation = AdapterTravelsWithRequests()
+    trainer.vllm_generation = PolicyTravelsWithRequests()
     trainer._last_loaded_step = -1
 
 
@@ -184,13 +186,6 @@ def callback_class() -> type:
             return control
 
     return ChunkCallback
-
-
-def policy_adapter(model: Any) -> dict[str, torch.Tensor]:
-    """The LoRA being trained, PEFT-named, fp32 copies on the CPU."""
-    from peft import get_peft_model_state_dict
-
-    return {k: v.detach().float().cpu().clone() for k, v in get_peft_model_state_dict(model).items()}
 
 
 def mean_stats(logs: list[dict[str, float]]) -> dict[str, float]:

@@ -7,7 +7,7 @@ bf16 autocast on GPUs that have it. `state()` and the constructor's `adapter`,
 `optimizer_state` and `step` make it resumable from a checkpoint; the optimizer state is
 dropped when the adapter's shape changed (another rank or other modules).
 
-The LoRA comes as a typed `LoraSpec` (the one `LoraGRPO` takes) and the peak learning rate
+The LoRA comes as a typed `LoraSpec` (the one `GRPOTraining` takes) and the peak learning rate
 in `TrainSettings`: PBT converts Tune's dict encoding of a member to these at the Tune
 boundary (`evora/jobs/pbt/trial.py`).
 """
@@ -134,11 +134,9 @@ class LoraSFT:
         self.model.eval()
         return sum(losses) / max(len(losses), 1)
 
-    def adapter(self) -> Tensors:
+    def trained(self) -> Tensors:
         """The adapter in PEFT naming, fp32 on the CPU."""
-        from peft import get_peft_model_state_dict
-
-        return {k: v.detach().float().cpu().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+        return self.lora.tensors(self.model)
 
     def state(self) -> dict[str, Any]:
         return {"step": self.step, "optimizer": self.optimizer.state_dict()}

@@ -12,6 +12,15 @@ from evora.lora import Tensors
 
 
 @dataclass(frozen=True)
+class Policy:
+    """The policy a step's completions are sampled from, on the engines: their own weights, with
+    `weights` set into them first where given, and `adapter` over them where given."""
+
+    adapter: Tensors | None = None  # a LoRA (PEFT names, fp32): the trained adapter
+    weights: Tensors | None = None  # matrices by checkpoint name (fp32): full-weight training's
+
+
+@dataclass(frozen=True)
 class RolloutRequest:
     """One optimizer step's completions: one row per completion (each prompt `G` times in a row,
     as TRL orders a group), each sampled from its own seeded stream, so that how the rows are cut
@@ -25,8 +34,7 @@ class RolloutRequest:
     top_p: float
     logprobs: bool  # also each completion token's log-probability under the policy (importance sampling)
     rows_per_unit: int  # rows sampled in one engine call: fixed, so 1 or N workers give the same tokens
-    # The policy's LoRA (PEFT names, fp32) at this step; None: the engines' own weights are the policy.
-    adapter: Tensors | None = field(default=None, compare=False, repr=False)
+    policy: Policy = field(default_factory=lambda: Policy(), compare=False, repr=False)  # at this step
 
 
 @dataclass(frozen=True)

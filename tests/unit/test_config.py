@@ -83,6 +83,29 @@ def test_the_paper_countdown_runs_are_named_experiments_for_each_of_its_models(m
     assert (run.generations, run.eval_every, run.name) == (500, 50, f"{model}_countdown_{algorithm}")
 
 
+@pytest.mark.parametrize("model", PAPER_MODELS)
+def test_the_papers_grpo_baselines_are_experiments_that_fit_at_every_size(model):
+    """GRPO (30) and Dr.GRPO-v on full weights, each on the paper's Countdown protocol; evora
+    doctor (its offline config snapshots) fits the driver's training on an H200 of its own."""
+    from evora.doctor import report
+
+    runs = {k: compose_run([f"+experiment=qiu2025/countdown_{model}_{k}", "hardware=gpu"]) for k in ("grpo", "dr_grpo")}
+    for kind, run in runs.items():
+        grpo, task = run.strategy, run.task
+        name = f"{model}_countdown_{'grpo_full' if kind == 'grpo' else kind}"
+        assert (run.model.name, task.name, grpo.name, run.name) == (model, "countdown", "grpo_full", name)
+        assert (grpo.beta, grpo.temperature, grpo.steps_per_generation, run.hardware.driver_gpus) == (0.0, 1.0, 1, 1)
+        assert (task.train_size, task.eval_size, task.max_tokens, task.data_path) == (200, 2000, 1024, "countdown.json")
+        h200 = ("hardware=gpu", "hardware.gpu_memory_gib=141")
+        lines = report(compose_run([f"+experiment=qiu2025/countdown_{model}_{kind}", *h200], validated=False))
+        assert not lines[-1].startswith("verdict"), lines[-1]  # doctor's "cannot run"
+        assert any(line.startswith("driver") and line.endswith("-> fits") for line in lines), lines
+    grpo, dr = runs["grpo"].strategy, runs["dr_grpo"].strategy
+    assert (grpo.num_generations, grpo.prompts_per_step, grpo.learning_rate, grpo.loss_type) == (30, 2, 1e-5, "dapo")
+    assert (dr.num_generations * dr.prompts_per_step, dr.learning_rate) == (1024, 1e-6)
+    assert (dr.loss_type, dr.scale_rewards) == ("dr_grpo", "none")
+
+
 def test_what_follows_an_experiment_overrides_it():
     experiment = "+experiment=qiu2025/countdown_qwen2_5_1_5b_es_full"
     run = compose_run([experiment, "model=qwen2_5_3b", "strategy.sigma=0.002"])

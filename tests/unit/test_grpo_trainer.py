@@ -1,5 +1,5 @@
 """GRPO through TRL on the bundled tiny model, on the CPU: chunks continue one run, a rebuild
-from adapter() + state() continues it exactly, the reward sees the right prompts, and the
+from trained() + state() continues it exactly, the reward sees the right prompts, and the
 token counters add up."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from evora.training.grpo import GRPOSettings, LoraGRPO, LoraSpec, prompt_order
+from evora.training.grpo import GRPOSettings, GRPOTraining, LoraSpec, prompt_order
 from evora.training.grpo_trl import rollout_seed
 from evora.training.rollouts import Rollout, RolloutRequest
 
@@ -43,9 +43,9 @@ class Reward:
         return [(zlib.crc32(c.encode()) % 5) / 4 for c in completions]
 
 
-def make(tiny_path: str, reward: Reward | None = None, **kwargs) -> LoraGRPO:
+def make(tiny_path: str, reward: Reward | None = None, **kwargs) -> GRPOTraining:
     settings = replace(SETTINGS, **kwargs.pop("settings", {}))
-    return LoraGRPO(tiny_path, LORA, settings, PROMPTS, reward or Reward(), **kwargs)
+    return GRPOTraining(tiny_path, LORA, settings, PROMPTS, reward or Reward(), **kwargs)
 
 
 def b_tensors(adapter: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -73,7 +73,7 @@ def test_one_chunk_trains_the_adapter_and_counts_tokens(four_steps):
     trainer, stats, reward = four_steps
     assert stats["steps"] == 4 and trainer.step == 4
     assert {"loss", "reward", "entropy", "grad_norm"} <= stats.keys()
-    assert all(b.abs().sum() > 0 for b in b_tensors(trainer.adapter()))  # PEFT starts B at 0
+    assert all(b.abs().sum() > 0 for b in b_tensors(trainer.trained()))  # PEFT starts B at 0
     s = SETTINGS
     assert 0 < trainer.tokens_generated <= 4 * s.prompts_per_step * s.num_generations * s.max_completion_length
     assert trainer.tokens_prompt > 0
@@ -96,28 +96,28 @@ def test_the_reward_sees_each_steps_prompts_once_per_completion(four_steps):
 
 
 def test_chunks_and_a_rebuild_continue_the_same_run(tiny_path, four_steps):
-    reference = four_steps[0].adapter()
+    reference = four_steps[0].trained()
     reward = Reward()
     chunked = make(tiny_path, reward)
     assert chunked.train(2)["steps"] == 2
     assert chunked.train(2)["steps"] == 2 and chunked.step == 4
-    assert same(chunked.adapter(), reference)  # the prompt order and optimizer carried over
+    assert same(chunked.trained(), reference)  # the prompt order and optimizer carried over
     assert reward.calls == four_steps[2].calls
 
     first = make(tiny_path)
     first.train(2)
     state = first.state()
-    rebuilt = make(tiny_path, adapter=first.adapter(), optimizer_state=state["optimizer"], step=state["step"])
+    rebuilt = make(tiny_path, trained=first.trained(), optimizer_state=state["optimizer"], step=state["step"])
     assert rebuilt.train(2)["steps"] == 2 and rebuilt.step == 4
-    assert same(rebuilt.adapter(), reference)
+    assert same(rebuilt.trained(), reference)
 
 
 def test_a_constant_reward_gives_no_advantage_and_no_update(tiny_path):
     trainer = make(tiny_path, Reward(constant=1.0))
-    start = trainer.adapter()
+    start = trainer.trained()
     stats = trainer.train(2)
     assert stats["steps"] == 2 and stats["reward"] == 1.0
-    after = trainer.adapter()
+    after = trainer.trained()
     assert all(torch.count_nonzero(b) == 0 for b in b_tensors(after))
     assert same(after, start)  # zero gradients: AdamW moves nothing (no weight decay here)
 
@@ -151,8 +151,8 @@ def test_micro_batches_split_one_generation(tiny_path):
 
 
 def test_a_fresh_adapter_is_seeded(tiny_path):
-    a, b = make(tiny_path).adapter(), make(tiny_path).adapter()
-    c = make(tiny_path, settings={"seed": 1}).adapter()
+    a, b = make(tiny_path).trained(), make(tiny_path).trained()
+    c = make(tiny_path, settings={"seed": 1}).trained()
     assert same(a, b) and not same(a, c)
 
 
@@ -178,7 +178,7 @@ class Replay:
         return [Rollout(tuple(c), None if lp is None else tuple(lp)) for c, lp in zip(self.completions[step], logprobs)]
 
 
-def recording(trainer: LoraGRPO) -> list[list[list[int]]]:
+def recording(trainer: GRPOTraining) -> list[list[list[int]]]:
     """The completions TRL samples itself, step by step (its `_generate`, observed)."""
     seen: list[list[list[int]]] = []
     generate = trainer._trainer._generate
@@ -213,8 +213,8 @@ def test_trls_loss_on_sampled_rollouts_equals_its_own(tiny_path, loss_type):
     assert sampled_stats["reward"] == own_stats["reward"] and sampled_stats["reward_std"] == own_stats["reward_std"]
     for key in ("loss", "grad_norm"):
         assert sampled_stats[key] == pytest.approx(own_stats[key], rel=1e-6, abs=1e-9), key
-    after, before = sampled.adapter(), make(tiny_path).adapter()
-    assert close(after, own.adapter(), atol=1e-4) and not close(after, before, atol=1e-3)
+    after, before = sampled.trained(), make(tiny_path).trained()
+    assert close(after, own.trained(), atol=1e-4) and not close(after, before, atol=1e-3)
     assert (sampled.tokens_prompt, sampled.tokens_generated) == (own.tokens_prompt, own.tokens_generated)
     # each request: the step's rows (each prompt G times), their own seeds, the policy's adapter as it is then
     order = prompt_order(len(PROMPTS), SETTINGS.prompts_per_step, SETTINGS.seed, 0, 2)
@@ -223,8 +223,9 @@ def test_trls_loss_on_sampled_rollouts_equals_its_own(tiny_path, loss_type):
         assert request.step == step and not request.logprobs
         assert request.prompts == tuple(tuple(ids[i]) for i in order[2 * step : 2 * step + 2] for _ in range(g))
         assert request.seeds == tuple(rollout_seed(SETTINGS.seed, step, row) for row in range(2 * g))
-    assert same(replay.requests[0].adapter, make(tiny_path).adapter())  # sampled from the adapter before the step
-    assert not same(replay.requests[1].adapter, replay.requests[0].adapter)
+    first = replay.requests[0].policy.adapter
+    assert same(first, make(tiny_path).trained())  # sampled from the adapter before the step
+    assert not same(replay.requests[1].policy.adapter, replay.requests[0].policy.adapter)
 
 
 def test_importance_sampling_weighs_the_loss_by_the_samplers_logprobs(tiny_path):
@@ -242,14 +243,14 @@ def test_importance_sampling_weighs_the_loss_by_the_samplers_logprobs(tiny_path)
         trainer = make(tiny_path, settings=settings, sample=replay, prompt_ids=ids)
         stats = trainer.train(1)
         assert replay.requests[0].logprobs and "sampling/importance_sampling_ratio/mean" in stats
-        steps[shift] = (trainer.adapter(), stats)
+        steps[shift] = (trainer.trained(), stats)
     # the policy's own log-probabilities: ratios of 1 (to rounding), the uncorrected step
     assert steps[0.0][1]["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
     assert steps[1.0][1]["sampling/importance_sampling_ratio/max"] == pytest.approx(2.0)  # e^1 capped at C_max
     assert not same(steps[0.0][0], steps[1.0][0])
 
 
-def scored_logprobs(trainer: LoraGRPO, ids: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+def scored_logprobs(trainer: GRPOTraining, ids: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
     """Each completion's token log-probabilities under the trainer's (untrained) policy: the step's
     prompts are those of step 0's order, G rows each."""
     order = prompt_order(len(PROMPTS), SETTINGS.prompts_per_step, SETTINGS.seed, 0, 1)
@@ -268,4 +269,4 @@ def test_trls_other_losses_take_a_step(tiny_path, loss_type):
     trainer = make(tiny_path, settings={"loss_type": loss_type, "epsilon_high": 0.28})
     stats = trainer.train(1)
     assert stats["steps"] == 1 and torch.isfinite(torch.tensor(stats["loss"]))
-    assert not same(trainer.adapter(), make(tiny_path).adapter())
+    assert not same(trainer.trained(), make(tiny_path).trained())

@@ -227,20 +227,20 @@ def test_trial_training_learns_and_resumes_exactly(tiny_path, pairs):
     straight.train(3)
     straight.train(3)
     assert _loss(straight, pairs) < 0.97 * before, (before, _loss(straight, pairs))  # deterministic: seeded batches
-    assert all(".layers.1." in k for k in straight.adapter())  # only the chosen layer
+    assert all(".layers.1." in k for k in straight.trained())  # only the chosen layer
     interrupted = _trainer(tiny_path, pairs)
     interrupted.train(3)
     state = interrupted.state()
     resumed = _trainer(
-        tiny_path, pairs, adapter=interrupted.adapter(), optimizer_state=state["optimizer"], step=state["step"]
+        tiny_path, pairs, adapter=interrupted.trained(), optimizer_state=state["optimizer"], step=state["step"]
     )
     resumed.train(3)
-    for key, value in straight.adapter().items():
-        assert torch.equal(value, resumed.adapter()[key]), key
+    for key, value in straight.trained().items():
+        assert torch.equal(value, resumed.trained()[key]), key
 
 
 def _checkpoint(folder, trainer, hp, context, trial, member, generation=2):
-    save_adapter(folder / "adapter", trainer.adapter(), layout_for(hp, context))
+    save_adapter(folder / "adapter", trainer.trained(), layout_for(hp, context))
     torch.save(
         {"trial": trial, "member": member, "parent": "", "generation": generation, "hp": hp, **trainer.state()},
         folder / "trainer.pt",
@@ -252,7 +252,7 @@ def test_exploit_starts_the_child_from_its_parents_checkpoint(tmp_path, tiny_run
     parent = _trainer(tiny_path, pairs)
     parent.train(2)
     _checkpoint(tmp_path, parent, HP, context, trial="parent_trial", member="r8_lr0.003_d0.0_g0")
-    weights = parent.adapter()
+    weights = parent.trained()
 
     child = starting_point(tmp_path, {**HP, "learning_rate": 1e-3, "dropout": 0.05}, "child_trial", context)
     assert child.parent == "r8_lr0.003_d0.0_g0" and child.member == "" and child.step == 2
@@ -266,7 +266,7 @@ def test_exploit_starts_the_child_from_its_parents_checkpoint(tmp_path, tiny_run
         optimizer_state=child.optimizer,
         step=child.step,
     )
-    assert all(torch.equal(clone.adapter()[k], weights[k]) for k in weights)  # trains on from the parent
+    assert all(torch.equal(clone.trained()[k], weights[k]) for k in weights)  # trains on from the parent
 
     smaller = {**HP, "rank": 1}
     shrunk = starting_point(tmp_path, smaller, "child_trial", context)

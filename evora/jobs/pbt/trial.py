@@ -155,7 +155,7 @@ def pbt_trial(config: dict[str, Any], context: TrialContext) -> None:
         trained_before = trainer.tokens_trained
         loss = trainer.train(space.steps_per_generation)
         generation += 1
-        adapter = trainer.adapter()
+        adapter = trainer.trained()
         metrics: dict[str, float] = ray.get(service.metrics.remote(adapter, layout, space.eval_split))
         result = {
             "fitness": fitness(metrics),

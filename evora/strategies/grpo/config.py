@@ -4,7 +4,8 @@ Defaults are the ES paper's GRPO baseline (its baselines/README.md, run with GRP
 group size 30 (= the ES population), 2 questions per step, learning rate 1e-5, AdamW
 betas (0.9, 0.999), weight decay 0, gradient clipping 1.0, no KL term, sampling at
 temperature 1, no importance-sampling correction. Deviation, by design: the paper trains every
-weight; evora trains a LoRA adapter (so a learning rate of 1e-5 moves it slowly; raise it for LoRA).
+weight; strategy=grpo trains a LoRA adapter (so a learning rate of 1e-5 moves it slowly; raise it
+for LoRA), and strategy=grpo_full the weights themselves.
 Completions are sampled on the run's engine workers (`rollouts=engines`), or, for comparison,
 with transformers' `generate` on the driver (`rollouts=driver`).
 """
@@ -25,8 +26,9 @@ IMPORTANCE_SAMPLING = ("none", "token_truncate", "token_mask", "sequence_truncat
 
 
 @dataclass(frozen=True)
-class GRPOConfig(BudgetFields):
-    name: str = "grpo"
+class GRPOFields(BudgetFields):
+    """What strategy=grpo (a LoRA) and strategy=grpo_full (the model's own matrices) share."""
+
     learning_rate: float = 1.0e-5  # AdamW learning rate (constant)
     num_generations: int = 30  # group size G: completions sampled per prompt
     prompts_per_step: int = 2  # distinct prompts per optimizer step
@@ -44,10 +46,20 @@ class GRPOConfig(BudgetFields):
     importance_sampling: str = "none"  # correction for the sampler's log-probabilities (TRL's modes), engines only
     importance_sampling_cap: float = 3.0  # its C_max
     micro_batches: int = 1  # gradient accumulation: a step's completions in this many forward/backward passes
+
+
+@dataclass(frozen=True)
+class GRPOConfig(GRPOFields):
+    name: str = "grpo"
     dropout: float = 0.0  # LoRA dropout
 
 
 def check_grpo(cfg: GRPOConfig, run: Any) -> None:
+    check_grpo_fields(cfg, run)
+    require(0 <= cfg.dropout < 1, "strategy.dropout", cfg.dropout, "must be in [0, 1)")
+
+
+def check_grpo_fields(cfg: GRPOFields, run: Any) -> None:
     for key in ("num_generations", "prompts_per_step", "steps_per_generation", "micro_batches", "rows_per_unit"):
         require(vars(cfg)[key] >= 1, f"strategy.{key}", vars(cfg)[key], "must be an integer >= 1")
     require(cfg.num_generations >= 2, "strategy.num_generations", cfg.num_generations, "must be >= 2 (a group)")
@@ -70,7 +82,6 @@ def check_grpo(cfg: GRPOConfig, run: Any) -> None:
     require(cfg.temperature > 0, "strategy.temperature", cfg.temperature, "must be > 0")
     require(cfg.max_grad_norm > 0, "strategy.max_grad_norm", cfg.max_grad_norm, "must be > 0")
     require(cfg.weight_decay >= 0, "strategy.weight_decay", cfg.weight_decay, "must be >= 0")
-    require(0 <= cfg.dropout < 1, "strategy.dropout", cfg.dropout, "must be in [0, 1)")
     choice("strategy.loss_type", cfg.loss_type, LOSS_TYPES)
     choice("strategy.rollouts", cfg.rollouts, ROLLOUTS)
     choice("strategy.scale_rewards", cfg.scale_rewards, SCALE_REWARDS)

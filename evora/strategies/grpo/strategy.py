@@ -7,10 +7,14 @@ bounded scoring as every strategy."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from evora.lora import Tensors
 from evora.lora.noise import noise_key
 from evora.strategies.protocol import Spend, Told, TrainingContext
-from evora.strategies.trained import TrainedAdapter, TrainedState
-from evora.training.grpo import GRPOSettings, LoraGRPO, LoraSpec
+from evora.strategies.trained import TrainedAdapter
+from evora.training.full_spec import Trained
+from evora.training.grpo import GRPOSettings, GRPOTraining, LoraSpec
 
 COUNTERS = ("tokens_prompt", "tokens_generated", "tokens_scored", "tokens_trained")
 
@@ -18,7 +22,7 @@ COUNTERS = ("tokens_prompt", "tokens_generated", "tokens_scored", "tokens_traine
 class GroupRelativePolicyOptimization(TrainedAdapter):
     init_salt = "grpo-init"
 
-    def improve(self, state: TrainedState, generation: int, context: TrainingContext) -> Told:
+    def improve(self, state: Any, generation: int, context: TrainingContext) -> Told:
         trainer = self.trainer_at(state, context)
         before = {name: getattr(trainer, name) for name in COUNTERS}
 
@@ -28,12 +32,23 @@ class GroupRelativePolicyOptimization(TrainedAdapter):
         sampling = trainer.rollout_seconds
         stats = trainer.train(self.cfg.steps_per_generation, stop=lambda: context.spent(spend()))
         stats |= {"step": float(trainer.step), "seconds_rollout": trainer.rollout_seconds - sampling}
-        return Told(self.state_of(trainer), stats, spend=spend())
+        return Told(self.state_after(trainer, generation), stats, spend=spend())
 
-    def build_trainer(self, state: TrainedState, context: TrainingContext) -> LoraGRPO:
+    def state_after(self, trainer: GRPOTraining, generation: int) -> Any:
+        return self.state_of(trainer)
+
+    def trains(self, context: TrainingContext) -> Trained:
+        """What the trainer trains: the run's LoRA."""
+        layout = context.layout
+        return LoraSpec(layout.rank, layout.alpha, layout.target_modules, layout.layers, self.cfg.dropout)
+
+    def trained_tensors(self, state: Any) -> Tensors | None:
+        return state.adapter
+
+    def build_trainer(self, state: Any, context: TrainingContext) -> GRPOTraining:
         if self._trainer is not None:
             self._trainer.close()
-        cfg, layout = self.cfg, context.layout
+        cfg = self.cfg
         settings = GRPOSettings(
             learning_rate=cfg.learning_rate,
             num_generations=cfg.num_generations,
@@ -56,14 +71,13 @@ class GroupRelativePolicyOptimization(TrainedAdapter):
         on_engines = cfg.rollouts == "engines"
         if on_engines and context.sample is None:
             raise RuntimeError("strategy.rollouts=engines, but this run's driver was given no engine sampler")
-        lora = LoraSpec(layout.rank, layout.alpha, layout.target_modules, layout.layers, cfg.dropout)
-        return LoraGRPO(
+        return GRPOTraining(
             context.model_path,
-            lora,
+            self.trains(context),
             settings,
             [context.prompt_text(e) for e in context.train],
             context.rewards,
-            adapter=state.adapter,
+            trained=self.trained_tensors(state),
             optimizer_state=state.optimizer,
             step=state.step,
             device=context.device,
