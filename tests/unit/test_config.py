@@ -45,7 +45,7 @@ def test_each_strategy_has_an_organism_experiment_at_the_matched_budget(strategy
     assert countdown["max_number"] == 12 and run.task.max_tokens == 48
     assert run.task.eval_size == 256 and run.task.prompts_per_generation == 32
     cfg = run.strategy
-    if strategy in ("sft", "grpo"):
+    if strategy in ("sft", "grpo", "grpo_full"):
         assert cfg.budget_flops == 6.1e12
     elif strategy == "randopt":
         assert cfg.population * run.generations == ORGANISM_CANDIDATES
