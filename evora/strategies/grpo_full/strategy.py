@@ -12,6 +12,7 @@ the trained matrices themselves: a worker's copies become exactly the trainer's.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -59,7 +60,7 @@ class FullWeightGRPO(GroupRelativePolicyOptimization):
         return state.weights
 
     def state_after(self, trainer: GRPOTraining, generation: int) -> TrainedWeightsState:
-        optimizer = self.state_of(trainer).optimizer  # copied: the trainer's moments change in place
+        optimizer = copy.deepcopy(trainer.optimizer.state_dict())  # the trainer's moments change in place
         return TrainedWeightsState(clone_tensors(trainer.trained()), optimizer, trainer.step, generation + 1)
 
     # --- the engines' weights (MovesWeights) --------------------------------------------
