@@ -37,10 +37,12 @@ def three_nodes() -> Iterator[Cluster]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), saved]))
     # A dashboard port of its own: the state API (list_actors) goes through the dashboard, and
     # another cluster of the suite may hold Ray's default 8265.
-    head = {"num_cpus": 2, "num_gpus": GPUS_PER_NODE, "dashboard_port": free_port()}
+    # No log monitors (one a node, each globbing the one session's log folder ten times a second):
+    # the CLI's runs keep workers' logs off the console, and this process reads none.
+    head = {"num_cpus": 2, "num_gpus": GPUS_PER_NODE, "dashboard_port": free_port(), "include_log_monitor": False}
     nodes = Cluster(initialize_head=True, head_node_args=head)
     for _ in range(2):
-        nodes.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE)
+        nodes.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE, include_log_monitor=False)
     nodes.wait_for_nodes()
     ray.init(address=nodes.address, namespace=NAMESPACE)
     yield nodes

@@ -43,6 +43,7 @@ RUN = [
     "+experiment=quickstart/es",
     *SMALL,
     "engine=hf",
+    "hardware.num_workers=1",  # the judge is the point, not the pool: one engine process less a run
     "task.selection_size=0",
     # Half SMALL's prompts and held-out rows: every one is a request to the judge on this CPU.
     "task.prompts_per_generation=8",

@@ -33,7 +33,9 @@ def test_the_merge_quickstart_improves_exports_its_weights_combination_and_ends_
     (tolflatfitness, before the 5 planned generations): the run evaluates, exports and summarises
     at that generation, and a resume of it runs no more. The restart option's replay is
     test_merge.py's and, under kills, test_chaos.py's."""
-    run_dir, stdout = cli_run("+experiment=quickstart/merge", "generations=5", "eval_every=5", "engine=hf")
+    run_dir, stdout = cli_run(
+        "+experiment=quickstart/merge", "generations=5", "eval_every=5", "engine=hf", "hardware.num_workers=1"
+    )
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert summary["best"]["reward"] > summary["base"]["reward"] + 0.2, summary
     weights, records = read_metrics(run_dir, "merge_weights.jsonl"), read_metrics(run_dir)

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_randopt_quickstart_distils_an_ensemble_that_beats_the_base_model(tiny_path):
-    run_dir, stdout = cli_run("+experiment=quickstart/randopt", "generations=3", "strategy.population=16")
+    run_dir, stdout = cli_run(
+        "+experiment=quickstart/randopt", "generations=3", "strategy.population=16", "hardware.num_workers=1"
+    )
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     records = read_metrics(run_dir)
     assert records[1]["heldout_reward"] > summary["base"]["reward"] + 0.2, (records[1], summary["base"])
@@ -37,6 +39,7 @@ def test_randopt_with_eggrolls_weight_perturbations_beats_the_base_model_and_exp
     run_dir, _ = cli_run(
         "+experiment=quickstart/randopt",
         "engine=hf",
+        "hardware.num_workers=1",
         "generations=1",
         "strategy.population=16",
         "strategy.perturbation=eggroll",

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["snes", "pgpe"])
 def test_the_quickstart_improves_and_its_adapter_loads_in_peft(strategy, tiny_path):
     short = ("generations=8", "eval_every=4", "strategy.population=16", "task.eval_size=128", "engine=hf")
+    short += ("hardware.num_workers=1",)  # one engine process: the pool is test_chaos.py's
     run_dir, stdout = cli_run(f"+experiment=quickstart/{strategy}", *short)
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert summary["best"]["reward"] > summary["base"]["reward"] + 0.1, summary

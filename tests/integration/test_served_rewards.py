@@ -19,7 +19,14 @@ from evora.tasks.reward_pool import reward_scorer
 
 pytestmark = pytest.mark.slow
 
-RUN = ["+experiment=quickstart/es", *SMALL, "engine=hf", "generations=1", "task.selection_size=0"]
+RUN = [
+    "+experiment=quickstart/es",
+    *SMALL,
+    "engine=hf",
+    "hardware.num_workers=1",
+    "generations=1",
+    "task.selection_size=0",
+]
 
 
 @pytest.fixture(scope="module")
