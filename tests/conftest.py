@@ -22,11 +22,6 @@ TINY = ROOT / "evora" / "models" / "tiny"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
-# Ray nices its workers to 15 so that a node's raylet stays responsive. Here three test processes
-# share 2 cores with their runs' Ray workers: niced, a run's engine workers got a few percent of a
-# core against another test's torch, and their start outlasted the cluster tests' 300 s waits
-# (CI, stop 66). Every Ray the suite starts (shared heads, clusters, a CLI's own) inherits this.
-os.environ.setdefault("RAY_worker_niceness", "0")
 
 # What worker actors get through Ray's runtime_env: engines the tests start in their own process.
 ENGINE_ENVIRONMENT = vllm_environment(VLLMSpec(model=str(TINY)))

@@ -66,10 +66,16 @@ def start_on(cluster: Cluster, run: tuple[str, ...]) -> tuple[Path, subprocess.P
     return out, subprocess.Popen(evora_cmd(*args), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 300):
+def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 600):
     """Poll the run folder until `ready()` returns something (the run must still be going); on a
     timeout the run is killed (it would hold its workers into the next test) and the failure
-    carries what it printed and the cluster's actors."""
+    carries what it printed and the cluster's actors.
+
+    Ray nices its workers to 15 so that raylets stay responsive; against the other test processes'
+    work at nice 0 on 2 cores, a run's engine workers then start in minutes, not seconds (CI,
+    stop 66: three workers still inside their start after 300 s). Un-niced, the raylets of
+    Ray starts elsewhere in the suite outlasted Ray's fixed 30 s registration wait instead, so the
+    suite keeps Ray's niceness and waits longer here."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
