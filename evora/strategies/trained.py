@@ -49,7 +49,10 @@ class TrainedAdapter:
         raise NotImplementedError
 
     @staticmethod
-    def state_of(trainer: Any) -> TrainedState:
-        # copies: the trainer's optimizer tensors change in place at its next step
-        optimizer = copy.deepcopy(trainer.optimizer.state_dict())
-        return TrainedState(clone_tensors(trainer.trained()), optimizer, trainer.step)
+    def optimizer_copy(trainer: Any) -> dict[str, Any]:
+        """The trainer's optimizer state, copied: its tensors change in place at the next step."""
+        return copy.deepcopy(trainer.optimizer.state_dict())
+
+    @classmethod
+    def state_of(cls, trainer: Any) -> TrainedState:
+        return TrainedState(clone_tensors(trainer.trained()), cls.optimizer_copy(trainer), trainer.step)

@@ -12,7 +12,6 @@ the trained matrices themselves: a worker's copies become exactly the trainer's.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -60,7 +59,7 @@ class FullWeightGRPO(GroupRelativePolicyOptimization):
         return state.weights
 
     def state_after(self, trainer: GRPOTraining, generation: int) -> TrainedWeightsState:
-        optimizer = copy.deepcopy(trainer.optimizer.state_dict())  # the trainer's moments change in place
+        optimizer = self.optimizer_copy(trainer)
         return TrainedWeightsState(clone_tensors(trainer.trained()), optimizer, trainer.step, generation + 1)
 
     # --- the engines' weights (MovesWeights) --------------------------------------------
