@@ -16,9 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 300.0  # a failure guard: the suite's first minutes start three heads beside three test processes
 STOP_TIMEOUT_S = 20.0
 RAY = Path(sys.executable).with_name("ray")
+
+
+class HeadDidNotStart(RuntimeError):
+    """`ray start` gave up or did not say it was up in time; the message ends with its log."""
 
 
 class SharedHead:
@@ -52,8 +56,9 @@ class SharedHead:
         deadline = time.monotonic() + START_TIMEOUT_S
         while "Ray runtime started" not in self.log.read_text():
             if self.process.poll() is not None or time.monotonic() > deadline:
+                log = self.log.read_text()[-3000:]  # read before stop() removes its folder
                 self.stop()
-                raise RuntimeError(f"the suite's shared Ray head did not start: {self.log.read_text()[-3000:]}")
+                raise HeadDidNotStart(f"the suite's shared Ray head did not start: {log}")
             time.sleep(0.2)
 
     def stop(self) -> None:

@@ -27,8 +27,10 @@ BENCH = ROOT / "bench"
 HELPERS = {"bench_model.py", "scale_driver.py", "scale_engine.py"}
 
 
-def run_bench(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`python bench/<script> --smoke <args>` from the repository root; asserts that it exited 0."""
+def run_bench(script: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """`python bench/<script> --smoke <args>` from the repository root; asserts that it exited 0.
+    The timeout only guards against a hang: a smoke of several CLI runs took over 600 s in CI (the
+    rollouts bench, beside the suite's other runs on 2 cores)."""
     env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}
     command = [sys.executable, str(BENCH / script), "--smoke", *args]
     started = time.perf_counter()
