@@ -26,8 +26,10 @@ model's real widths, then extrapolated to every layer: every layer has the same 
            as es-at-scale's worker extension does; written here); `apply`, checksum, per generation
 
   limit    the time to draw the step's noise at this device's measured randn rate (fp32, the
-           process's threads), plus to move its weight bytes at the measured copy bandwidth;
-           `of_noise_limit` holds a step against drawing its noise alone
+           process's threads), plus to move its weight bytes at the measured copy bandwidth, plus
+           its matrix products' FLOPs at the measured fp32 product rate (EGGROLL's update: one
+           product of the stacked factors, 2 x members x rank x weights); `of_noise_limit` holds
+           a step against drawing its noise alone
   share    a step's seconds per generation / (--iteration-seconds + them): 45 s is the issue's
            figure for the ES paper's code at Qwen2.5-1.5B on 2 H100s, not measured here, and
            assumed for every model size
@@ -168,8 +170,10 @@ def timed_pair(first: Callable[[], Any], second: Callable[[], Any], device: str,
 
 def device_limits(device: str, threads: int) -> dict[str, float]:
     """randn values per second (fp32, one generator per tensor, as evora draws; on a CPU with the
-    process's threads, each drawing tensors of its own) and copy bandwidth (bytes read + written
-    per second)."""
+    process's threads, each drawing tensors of its own), copy bandwidth (bytes read + written per
+    second; the source written first: untouched pages all read one zero page, from the cache)
+    and the fp32 rate of a product adding a low-rank [4096, 256] x [256, 4096] into a matrix (FLOPs per
+    second)."""
     from concurrent.futures import ThreadPoolExecutor
 
     size = 1 << 24
@@ -180,13 +184,20 @@ def device_limits(device: str, threads: int) -> dict[str, float]:
 
     with ThreadPoolExecutor(len(buffers)) as pool:
         drawn = timed(lambda: list(pool.map(draw, buffers)), device, 3)
-    source, target = torch.empty(1 << 26, device=device), torch.empty(1 << 26, device=device)
+    source, target = torch.ones(1 << 26, device=device), torch.zeros(1 << 26, device=device)
     copy = timed(lambda: target.copy_(source), device, 5)
-    return {"randn_per_s": len(buffers) * size / drawn, "bytes_per_s": 2 * source.numel() * 4 / copy}
+    weight = torch.zeros(4096, 4096, device=device)
+    left, right = source[: 4096 * 256].view(4096, 256), source[: 256 * 4096].view(256, 4096)
+    product = timed(lambda: weight.addmm_(left, right), device, 5)
+    return {
+        "randn_per_s": len(buffers) * size / drawn,
+        "bytes_per_s": 2 * source.numel() * 4 / copy,
+        "flops_per_s": 2 * 256 * weight.numel() / product,
+    }
 
 
-def limit(limits: dict[str, float], values: float, weight_bytes: float) -> float:
-    return values / limits["randn_per_s"] + weight_bytes / limits["bytes_per_s"]
+def limit(limits: dict[str, float], values: float, weight_bytes: float, flops: float = 0.0) -> float:
+    return values / limits["randn_per_s"] + weight_bytes / limits["bytes_per_s"] + flops / limits["flops_per_s"]
 
 
 # --- rows ---------------------------------------------------------------------------------------
@@ -204,10 +215,19 @@ class Context:
         """Measured layers -> the whole model."""
         return self.shape.layers / self.args.layers
 
-    def row(self, strategy: str, step: str, seconds: float, values: float, weight_bytes: float, **extra: Any) -> dict:
-        """A whole-model figure from one measured on --layers layers (values, bytes: the measured ones)."""
+    def row(
+        self,
+        strategy: str,
+        step: str,
+        seconds: float,
+        values: float,
+        weight_bytes: float,
+        flops: float = 0.0,
+        **extra: Any,
+    ) -> dict:
+        """A whole-model figure from one measured on --layers layers (values, bytes, FLOPs: the measured ones)."""
         whole = seconds * self.scale
-        bound = limit(self.limits, values * self.scale, weight_bytes * self.scale)
+        bound = limit(self.limits, values * self.scale, weight_bytes * self.scale, flops * self.scale)
         noise = values * self.scale / self.limits["randn_per_s"]
         out = {
             "model": self.model,
@@ -473,7 +493,8 @@ def eggroll_rows(context: Context, engine: Any) -> list[dict]:
                 "update per generation",
                 seconds,
                 members * factors,
-                12 * n,
+                8 * n,  # the weights read and written once (plain SGD adds the product into them)
+                2 * members * n,  # rank 1: [out, members] x [members, in]
                 population=population,
                 members=members,
             )
@@ -620,7 +641,7 @@ def main(argv: list[str] | None = None) -> dict:
     limits = device_limits(args.device, args.threads)
     print(
         f"device {args.device}, {args.threads} threads: randn {limits['randn_per_s'] / 1e6:.0f} M values/s, "
-        f"copy {limits['bytes_per_s'] / 1e9:.1f} GB/s",
+        f"copy {limits['bytes_per_s'] / 1e9:.1f} GB/s, fp32 product {limits['flops_per_s'] / 1e9:.0f} GFLOP/s",
         flush=True,
     )
     models = {"smoke": SMOKE} if args.smoke else {m: MODELS[m] for m in args.models.split(",")}

@@ -25,11 +25,11 @@ snapshots them, and exports them.
 from __future__ import annotations
 
 import hashlib
-import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, TypeVar
 
 import torch
+import xxhash
 
 from evora.config.checks import require
 from evora.lora import Tensors
@@ -124,11 +124,11 @@ def _odd_weights(count: int, device: torch.device, salt: int = 0) -> torch.Tenso
 
 
 def tensor_digest(tensor: torch.Tensor) -> bytes:
-    """A tensor's bits digested where they are: CRC-32 of its bytes on the CPU (zlib releases the
-    GIL, so tensors digest at once over the process's threads), `fingerprint` on a GPU (no copy
-    to the host). Any single changed bit changes either."""
+    """A tensor's bits digested where they are: XXH3-64 of its bytes on the CPU (at memory
+    speed: CRC-32 was 6.7x the time to read them, bench/real_shapes.py), `fingerprint` on a GPU
+    (no copy to the host). Any single changed bit changes either."""
     if tensor.device.type == "cpu":
-        return zlib.crc32(tensor.detach().contiguous().view(torch.uint8).numpy().data).to_bytes(4, "little")
+        return xxhash.xxh3_64_digest(tensor.detach().contiguous().view(torch.uint8).numpy().data)
     return fingerprint(tensor).to_bytes(8, "little", signed=True)
 
 

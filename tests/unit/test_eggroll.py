@@ -313,3 +313,23 @@ def test_distribution_fixed_keeps_strategy_sigma_and_no_sigma_history():
     state = told(eggroll, state, 0, [0.3, -1.0, 2.0, 0.5, 0.0, 1.5])
     assert state.sigmas == [] and eggroll.ask(state, 1)[1].sigmas == (0.1, 0.1)
     assert dict(eggroll.update_of(state, 0).sigmas) == {s.name: 0.1 for s in SLOTS}
+
+
+@pytest.mark.parametrize("population", [6, 20])  # K = 6 (factors smaller than the matrices), 20 (not)
+def test_sgd_adds_the_update_in_place_and_returns_its_norm_whichever_way_a_matrix_is_stored(population):
+    """Plain SGD adds each matrix's low-rank update into the weights (add_low_rank: through the
+    K x K Grams, or the product where the factors are not smaller than the matrix) and returns
+    the update's norm: against float64, and for copies stored [in, out] (GPT-2's Conv1D)."""
+    eggroll, state = strategy(population=population, shaping="none")
+    state = told(eggroll, state, 0, np.random.default_rng(3).normal(size=population))
+    update = eggroll.update_of(state, 0)
+    start = base_weights()
+    plain = eggroll.start_master(start)
+    stored = eggroll.start_master({k: v.T.contiguous() for k, v in start.items()}, frozenset(start))
+    norms = [eggroll.apply(master, update) for master in (plain, stored)]
+    moved = math.sqrt(sum(float(((plain.tensors[k].double() - v.double()) ** 2).sum()) for k, v in start.items()))
+    assert norms == pytest.approx([moved, moved], rel=1e-5) and moved > 0
+    for name, weight in start.items():
+        expected = weight.double() + 0.01 * eggroll.gradient(update, name.rsplit(".", 1)[0], *weight.shape).double()
+        assert torch.allclose(plain.tensors[name].double(), expected, atol=1e-6)
+        assert torch.allclose(stored.tensors[name].T, plain.tensors[name], atol=1e-6)

@@ -40,7 +40,7 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout, ModuleSlot
-from evora.lora.noise import gaussian, gaussian_into, in_parallel, noise_generation, noise_key
+from evora.lora.noise import gaussian, in_parallel, noise_generation, noise_key
 from evora.strategies import separable
 from evora.strategies.eggroll.config import EggrollConfig
 from evora.strategies.full_weights import MasterWeights, decays_to_start, start_copies, with_fitness
@@ -227,42 +227,56 @@ class EggrollStrategy:
     def gradient(
         self, update: WeightUpdate, module: str, out_features: int, in_features: int, device: str | torch.device = "cpu"
     ) -> torch.Tensor:
-        """1/(N sigma) sum_m c_m E_m as one [out, M r] x [M r, in] product, members in order. The
-        factors are drawn on the CPU, as the candidates' LoRAs are (their stream is the promise),
-        members at once over the process's threads, straight into one buffer per side, each
-        member's B scaled by its coefficient in one operation; the product runs on `device`,
-        where the master copies are. (A member at a time, with a tensor each and a concatenation, grew faster than
-        linearly in M and spent more than the draw: bench/eggroll_update.py.)"""
+        """1/(N sigma) sum_m c_m E_m, dense [out, in]: the product of `update_factors`."""
+        left, right = self.update_factors(update, module, out_features, in_features, device)
+        return left @ right
+
+    def update_factors(
+        self, update: WeightUpdate, module: str, out_features: int, in_features: int, device: str | torch.device = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L [out, K], R [K, in]), K = live members x r, with L R = 1/(N sigma) sum_m c_m E_m:
+        the members' B scaled by their coefficients and stacked, and their A stacked, members in
+        order. The factors are drawn on the CPU, as the candidates' LoRAs are (their stream is the
+        promise), members at once over the process's threads, straight into one buffer per side;
+        they are moved to `device`, where the master copies are. (A member at a time, with a tensor
+        each and a concatenation, grew faster than linearly in M and spent more than the draw:
+        bench/eggroll_update.py.)"""
         live = [(m, c) for m, c in enumerate(update.coefficients) if c != 0.0]
-        if not live:
-            return torch.zeros(out_features, in_features, device=device)
         rank = self.cfg.rank
         bs = torch.empty(len(live), out_features, rank)  # the i-th live member's B [out, r] at bs[i]
         as_ = torch.empty(len(live) * rank, in_features)  # its A [r, in] at rows i r .. (i + 1) r
 
-        def draw(item: tuple[int, int]) -> None:  # each member's factors have streams of their own
-            i, member = item
-            b_key, a_key = self.factor_keys(update.generation, member, module)
-            gaussian_into(b_key, bs[i])
-            gaussian_into(a_key, as_[i * rank : (i + 1) * rank])
+        def draw(chunk: range) -> None:  # each member's factors have streams of their own
+            stream = torch.Generator()  # re-seeded for each: bitwise a generator each (gaussian)
+            for i in chunk:
+                b_key, a_key = self.factor_keys(update.generation, live[i][0], module)
+                bs[i].normal_(generator=stream.manual_seed(b_key))
+                as_[i * rank : (i + 1) * rank].normal_(generator=stream.manual_seed(a_key))
 
-        in_parallel(draw, [(i, member) for i, (member, _) in enumerate(live)])
-        bs *= torch.tensor([c for _, c in live], dtype=torch.float32).view(-1, 1, 1)
-        stacked = bs.to(device).permute(1, 0, 2).reshape(out_features, len(live) * rank)  # torch.cat(B_m, dim=1)
+        in_parallel(draw, chunked(len(live), torch.get_num_threads()))
         scale = 1.0 / (update.population * update.sigmas[module] * math.sqrt(self.cfg.rank))
-        return (stacked @ as_.to(device)) * scale
+        bs *= torch.tensor([c * scale for _, c in live], dtype=torch.float32).view(-1, 1, 1)
+        stacked = bs.to(device).permute(1, 0, 2).reshape(out_features, len(live) * rank)  # torch.cat(B_m, dim=1)
+        return stacked, as_.to(device)
 
     def apply(self, master: MasterWeights, update: WeightUpdate) -> float:
-        """Apply one update to the master copies in place; returns the update's norm."""
+        """Apply one update to the master copies in place; returns the update's norm. Plain SGD
+        (the paper's) adds each matrix's low-rank update as one product into the weights
+        (`add_low_rank`): no dense gradient exists."""
         if update.generation != master.generation:
             raise ValueError(f"update of generation {update.generation} on weights of generation {master.generation}")
         cfg, squares = self.cfg, 0.0
         for name, weight in master.tensors.items():
             module, (rows, cols) = name.rsplit(".", 1)[0], weight.shape
             if name in master.transposed:  # stored [in, out]: the [out, in] update, transposed
-                grad = self.gradient(update, module, cols, rows, weight.device).T
+                left, right = self.update_factors(update, module, cols, rows, weight.device)
+                left, right = right.T, left.T
             else:
-                grad = self.gradient(update, module, rows, cols, weight.device)
+                left, right = self.update_factors(update, module, rows, cols, weight.device)
+            if cfg.optimizer == "sgd" and not cfg.weight_decay:
+                squares += add_low_rank(weight, left * cfg.lr, right)
+                continue
+            grad = left @ right
             direction = grad if cfg.optimizer == "sgd" else self._adam(master, name, grad, update.step)
             delta = cfg.lr * direction
             if cfg.weight_decay:
@@ -280,3 +294,25 @@ class EggrollStrategy:
         m.mul_(b1).add_(grad, alpha=1 - b1)
         v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
         return (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)
+
+
+def add_low_rank(weight: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> float:
+    """weight += left @ right in place; returns |left @ right|_F^2. Where the factors are smaller
+    than the matrix (K (out + in) < out in), one product adds into the weights (no full-size
+    temporary: a fresh one costs its page faults, several times the product at small K) and the
+    norm comes from the two K x K Grams, sum((L^T L) * (R R^T)); otherwise through the product."""
+    k = left.shape[1]
+    rows, cols = weight.shape
+    if k * (rows + cols) >= rows * cols:
+        delta = left @ right
+        weight += delta
+        return float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
+    weight.addmm_(left, right)
+    return max(0.0, float(((left.T @ left) * (right @ right.T)).sum(dtype=torch.float64)))
+
+
+def chunked(count: int, parts: int) -> list[range]:
+    """range(count) in at most `parts` consecutive chunks of near-equal length."""
+    parts = max(1, min(parts, count))
+    bounds = [count * k // parts for k in range(parts + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
