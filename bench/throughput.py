@@ -17,9 +17,11 @@ Workloads (every path generates exactly the same tokens, `ignore_eos`):
 
 Paths:
   evora         EngineWorker.evaluate (materialise N adapters from seeds, multi-LoRA vLLM
-                generate, rewards): engine.units=fixed (max_loras a call) and =whole (one
-                call, vLLM keeping max_loras in flight)
-  seeds' way    one adapter at a time through transformers generate (PEFT), prompts batched
+                generate, rewards): engine.units=fixed (max_loras a call) and, with --whole,
+                =whole (one call, vLLM keeping max_loras in flight)
+  seeds' way    one adapter at a time through transformers generate (PEFT), prompts batched;
+                the first --seeds-way-adapters of the population (default 2 for uneven and long,
+                every one for fixed), its tokens/s those adapters' tokens over their seconds
   base limit    the same vLLM engine generating the same sequences with the base model only
   overhead      share of a real `evora` generation (1 worker, the CLI) spent outside generate,
                 at the workload's mean length (--no-overhead leaves this run out)
@@ -27,6 +29,10 @@ Paths:
 Then the adapter round trip at real models' shapes (no generation): materialising an ES
 candidate, writing it to /dev/shm and vLLM's load from the file, against vLLM's load of
 the same tensors from memory, for Qwen2.5-0.5B and -7B at rank 8 on all seven modules.
+
+The in-process paths take turns, --repeats times each (default 2: the uneven workload's whole
+bench in about 10 minutes on a 2-vCPU machine, where 3 repeats and the seeds' way in full took
+21 minutes); evora's ratio to the base-only limit is printed as soon as they are done.
 
 --smoke runs every in-process path at the least size, for CI (tests/integration/test_benches.py):
 2 adapters x 2 prompts x 8 tokens (uneven: median 4, shortest 2), max_loras 1 (so `fixed` makes
@@ -77,6 +83,7 @@ class Workload:
     tokens: int  # every sequence's length; for `uneven`, the cap
     max_loras: int
     generations: int  # of the CLI run that measures the overhead
+    seeds_way_adapters: int = 0  # adapters the seeds' way runs (0: every one)
     median: float = 0.0  # uneven: log-normal median and sigma of a sequence's length
     sigma: float = 0.0
     shortest: int = 8
@@ -96,9 +103,9 @@ class Workload:
 WORKLOADS = {
     "fixed": Workload("fixed", population=16, prompts=32, tokens=16, max_loras=16, generations=6),
     "uneven": Workload(
-        "uneven", population=16, prompts=16, tokens=512, max_loras=16, generations=4, median=150, sigma=0.6
+        "uneven", 16, prompts=16, tokens=512, max_loras=16, generations=3, seeds_way_adapters=2, median=150, sigma=0.6
     ),
-    "long": Workload("long", population=4, prompts=8, tokens=1024, max_loras=4, generations=3),
+    "long": Workload("long", population=4, prompts=8, tokens=1024, max_loras=4, generations=3, seeds_way_adapters=2),
 }
 # --smoke: the least size that still runs every in-process path, without the CLI run (--overhead
 # adds it back: 3 generations give one measured span, the first being warm-up); flags given
@@ -109,6 +116,7 @@ SMOKE = {
     "tokens": 8,
     "max_loras": 1,
     "repeats": 1,
+    "whole": True,
     "round_trip_candidates": 2,
     "overhead": False,
 }
@@ -227,28 +235,41 @@ def measure_paths(model: str, args: argparse.Namespace, workload: Workload) -> d
     limits = [workload.length_of(s.label, t) for s in specs for t in texts]
     paths = {
         "evora": lambda: evora("fixed"),
-        "evora_whole": lambda: evora("whole"),
+        **({"evora_whole": lambda: evora("whole")} if args.whole and not args.previous else {}),
         "base_only": lambda: worker.engine.engine.generate(texts * len(specs), [None] * len(limits), limits),
     }
-    if args.previous:  # the previous implementation had no whole units
-        del paths["evora_whole"]
     seconds, results = interleaved(paths, args.repeats)
-    seconds.setdefault("evora_whole", seconds["evora"])
     tokens = int(sum(r.tokens.sum() for r in results["evora"]))
     assert tokens == sum(limits) == sum(c.num_tokens for c in results["base_only"])  # the same sequences
     assert "evora_whole" not in results or tokens == int(sum(r.tokens.sum() for r in results["evora_whole"]))
     fixed = results["evora"]
-    seeds_seconds = seeds_way(worker, specs, payload, texts, limits, model, args)
+    print_first(seconds, tokens)
+    wanted = workload.seeds_way_adapters if args.seeds_way_adapters is None else args.seeds_way_adapters
+    sampled = min(len(specs), wanted or len(specs))
+    seeds_seconds = seeds_way(worker, specs[:sampled], payload, texts, limits[: sampled * len(texts)], model, args)
     worker.shutdown()
     timings = {k: sum(r.timings[k] for r in fixed) for k in fixed[0].timings}
     return {
         "tokens_per_population": tokens,
         "mean_length": tokens / len(limits),
         **{f"{path}_seconds": value for path, value in seconds.items()},
-        "seeds_way_seconds": seeds_seconds,
+        # the seeds' way ran `sampled` adapters: its seconds scaled to the population's tokens
+        "seeds_way_seconds": seeds_seconds * tokens / sum(limits[: sampled * len(texts)]),
+        "seeds_way_adapters": sampled,
         "evora_timings": timings,
         "materialise_share_of_evaluate": timings["materialise"] / sum(timings.values()),
     }
+
+
+def print_first(seconds: dict[str, float], tokens: int) -> None:
+    """evora's ratio to the base-model-only limit, as soon as it is measured (the rest of the
+    bench takes minutes more)."""
+    units = {"evora": "engine.units=fixed", "evora_whole": "engine.units=whole"}
+    ratios = [f"{seconds['base_only'] / seconds[path]:.3f} ({units[path]})" for path in units if path in seconds]
+    print(
+        f"evora / base-only limit: {', '.join(ratios)}; base-only {tokens / seconds['base_only']:,.0f} tokens/s",
+        flush=True,
+    )
 
 
 def seeds_way(worker: Any, specs, payload, texts, limits, model: str, args: argparse.Namespace) -> float:
@@ -411,12 +432,12 @@ PATHS = {  # measured key -> table row
 
 def report_of(workload: Workload, args: argparse.Namespace, parameters: int | None, measured: dict) -> dict:
     tokens = measured["tokens_per_population"]
-    tps = {path: tokens / measured[f"{path}_seconds"] for path in PATHS}
+    tps = {path: tokens / measured[f"{path}_seconds"] for path in PATHS if f"{path}_seconds" in measured}
     ratios = {
-        "evora_vs_seeds_way": tps["evora"] / tps["seeds_way"],
-        "evora_whole_vs_seeds_way": tps["evora_whole"] / tps["seeds_way"],
-        "evora_vs_base_only_limit": tps["evora"] / tps["base_only"],
-        "evora_whole_vs_base_only_limit": tps["evora_whole"] / tps["base_only"],
+        f"{path}_vs_{name}": tps[path] / tps[other]
+        for path in ("evora", "evora_whole")
+        if path in tps
+        for other, name in (("seeds_way", "seeds_way"), ("base_only", "base_only_limit"))
     }
     per_worker = dict(tps)
     if "overhead_share" in measured:  # not with --no-overhead
@@ -453,14 +474,15 @@ def print_tables(report: dict) -> None:
     for column in ("path", "tokens/s", "per worker", "ratio"):
         table.add_column(column, justify="left" if column == "path" else "right")
     for path, row in PATHS.items():
-        if path == "evora_whole" and s["previous"]:
-            continue  # the previous implementation had no whole units
+        if path not in tps:
+            continue  # engine.units=whole: with --whole (the previous implementation had none)
         if path.startswith("evora"):
-            key = "evora" if path == "evora" else "evora_whole"
-            seeds, limit = ratios[f"{key}_vs_seeds_way"], ratios[f"{key}_vs_base_only_limit"]
+            seeds, limit = ratios[f"{path}_vs_seeds_way"], ratios[f"{path}_vs_base_only_limit"]
             ratio = f"{seeds:.2f}x seeds' way, {limit:.2f} of the limit"
         else:
             ratio = ""
+        if path == "seeds_way" and measured["seeds_way_adapters"] < w["population"]:
+            row += f", {measured['seeds_way_adapters']} of the {w['population']} adapters run"
         table.add_row(row, f"{tps[path]:,.0f}", f"{tps[path]:,.0f}", ratio)
     share = ratios.get("overhead_share_of_generation")
     shown = "not measured (--no-overhead)" if share is None else f"{share:.1%}"
@@ -523,7 +545,7 @@ def plot(results: Path) -> Path:
     for i, (path, label) in enumerate(PATHS.items()):
         ax.bar(
             [x + i * width for x in range(len(reports))],
-            [r["tokens_per_second"][path] for r in reports],
+            [r["tokens_per_second"].get(path, 0.0) for r in reports],
             width,
             label=label,
         )
@@ -550,7 +572,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", help="a model folder or hub id (default: the ~26M random-weight bench model)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of each engine")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="timings of each in-process path (the median)")
+    parser.add_argument(
+        "--whole",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also engine.units=whole (one call over the whole population; default: no, --smoke: yes)",
+    )
+    parser.add_argument(
+        "--seeds-way-adapters", type=int, help="adapters the slow seeds' way runs (default: the workload's; 0: all)"
+    )
     parser.add_argument("--round-trip-population", type=int, default=30)
     parser.add_argument("--round-trip-candidates", type=int, default=4, help="candidates timed per real shape")
     parser.add_argument("--no-round-trip", action="store_true", help="skip the real-shape adapter round trip")
