@@ -125,7 +125,7 @@ def _odd_weights(count: int, device: torch.device, salt: int = 0) -> torch.Tenso
 
 def tensor_digest(tensor: torch.Tensor) -> bytes:
     """A tensor's bits digested where they are: XXH3-64 of its bytes on the CPU (at memory
-    speed: CRC-32 was 6.7x the time to read them, bench/real_shapes.py), `fingerprint` on a GPU
+    speed: CRC-32 took 4-6x the time to read them, bench/real_shapes.py), `fingerprint` on a GPU
     (no copy to the host). Any single changed bit changes either."""
     if tensor.device.type == "cpu":
         return xxhash.xxh3_64_digest(tensor.detach().contiguous().view(torch.uint8).numpy().data)

@@ -405,7 +405,11 @@ def test_pbt_experiment_killed_after_the_first_perturbation_resumes(tmp_path):
     subprocess.run(["pkill", "-9", "-f", str(ray_tmp)], check=False)  # the killed run's Ray services
     run_dir = only_run_dir(out)
     assert not (run_dir / "eval" / "summary.json").exists()
-    result = run_evora([f"resume={run_dir}"], cwd=out)
+    # The resume starts a Ray of its own too: a PBT resume on the suite's shared head left 0.5 CPU
+    # held there after it ended (no task or actor held it), and the next two-worker run on that
+    # head waited for it until its timeout.
+    result = run_evora([f"resume={run_dir}"], cwd=out, env=env)
+    subprocess.run(["pkill", "-9", "-f", str(ray_tmp)], check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     trials = read_metrics(run_dir, "trials.jsonl")
     assert {t["trial"] for t in trials if t["generation"] == 3} == {t["trial"] for t in trials}
