@@ -31,7 +31,7 @@ candidate, writing it to /dev/shm and vLLM's load from the file, against vLLM's 
 the same tensors from memory, for Qwen2.5-0.5B and -7B at rank 8 on all seven modules.
 
 The in-process paths take turns, --repeats times each (default 2: the uneven workload's whole
-bench in about 10 minutes on a 2-vCPU machine, where 3 repeats and the seeds' way in full took
+bench took 7.6 minutes on a 2-vCPU machine, where 3 repeats and the seeds' way in full took
 21 minutes); evora's ratio to the base-only limit is printed as soon as they are done.
 
 --smoke runs every in-process path at the least size, for CI (tests/integration/test_benches.py):
