@@ -40,7 +40,7 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout, ModuleSlot
-from evora.lora.noise import gaussian, in_parallel, noise_generation, noise_key
+from evora.lora.noise import gaussian, in_parallel, noise_generation, noise_key, runs_by_cost
 from evora.strategies import separable
 from evora.strategies.eggroll.config import EggrollConfig
 from evora.strategies.full_weights import MasterWeights, decays_to_start, start_copies, with_fitness
@@ -246,14 +246,14 @@ class EggrollStrategy:
         bs = torch.empty(len(live), out_features, rank)  # the i-th live member's B [out, r] at bs[i]
         as_ = torch.empty(len(live) * rank, in_features)  # its A [r, in] at rows i r .. (i + 1) r
 
-        def draw(chunk: range) -> None:  # each member's factors have streams of their own
+        def draw(chunk: list[int]) -> None:  # each member's factors have streams of their own
             stream = torch.Generator()  # re-seeded for each: bitwise a generator each (gaussian)
             for i in chunk:
                 b_key, a_key = self.factor_keys(update.generation, live[i][0], module)
                 bs[i].normal_(generator=stream.manual_seed(b_key))
                 as_[i * rank : (i + 1) * rank].normal_(generator=stream.manual_seed(a_key))
 
-        in_parallel(draw, chunked(len(live), torch.get_num_threads()))
+        in_parallel(draw, runs_by_cost([1.0] * len(live), torch.get_num_threads()))  # consecutive runs
         scale = 1.0 / (update.population * update.sigmas[module] * math.sqrt(self.cfg.rank))
         bs *= torch.tensor([c * scale for _, c in live], dtype=torch.float32).view(-1, 1, 1)
         stacked = bs.to(device).permute(1, 0, 2).reshape(out_features, len(live) * rank)  # torch.cat(B_m, dim=1)
@@ -309,10 +309,3 @@ def add_low_rank(weight: torch.Tensor, left: torch.Tensor, right: torch.Tensor) 
         return float(torch.linalg.vector_norm(delta, dtype=torch.float64)) ** 2
     weight.addmm_(left, right)
     return max(0.0, float(((left.T @ left) * (right @ right.T)).sum(dtype=torch.float64)))
-
-
-def chunked(count: int, parts: int) -> list[range]:
-    """range(count) in at most `parts` consecutive chunks of near-equal length."""
-    parts = max(1, min(parts, count))
-    bounds = [count * k // parts for k in range(parts + 1)]
-    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
