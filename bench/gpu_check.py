@@ -7,8 +7,8 @@ models built from transformers' config classes), and one table to paste into a n
     python bench/gpu_check.py --smoke            (CI: tiny sizes, on the CPU where there is no GPU)
 
   noise       a key's stream drawn twice on the device gives equal tensors; other members differ
-  es          the update (the members' noise summed in groups, as workers sum it) against float64:
-              LoRA noise is drawn on the host's threads (vLLM builds adapters there)
+  es          the update (the members' noise summed in groups on the device, as workers sum it
+              under hardware.noise_device=auto, on 1 and 2 workers: bitwise equal) against float64
   eggroll     `apply` on master copies on the device against float64 from the same factors
   es_full     `apply` on the device against float64 from the same (device) noise
   engine      the transformers engine on the device, LoRA candidates rebuilt from seeds: its greedy
@@ -19,6 +19,9 @@ models built from transformers' config classes), and one table to paste into a n
   shapes      bench/real_shapes.py at Qwen2.5-1.5B's widths on --layers layers (extrapolated to
               28): es_full per candidate (goal: under 0.1 s) beside the paper's way, its update at
               population 30 (goal: under 3 s), EGGROLL's update, checksums and weight syncs
+  es shapes   bench/real_shapes.py's ES over a rank-8 LoRA at Qwen3-30B-A3B's widths (every
+              expert) on 1 layer (extrapolated to 48), its noise on the device: materialise per
+              candidate, and the update at population 30 (goal: under 3 s)
 
 Results: bench/results/gpu_check.json (--out); the table on stdout.
 """
@@ -64,6 +67,22 @@ def check_shapes(device: str, args: argparse.Namespace) -> tuple[bool, str, list
     return passed, detail, rows
 
 
+def check_es_shapes(device: str, args: argparse.Namespace) -> tuple[bool, str, list[dict]]:
+    import real_shapes
+
+    out = str(Path(args.out).with_name("gpu_check_es_shapes.json"))
+    argv = ["--device", device, "--strategies", "es", "--workers", "", "--out", out]
+    full = ["--models", "qwen3-30b-a3b", "--populations", "30", "--layers", "1", "--repeats", "3"]
+    rows = real_shapes.main(argv + (["--smoke"] if args.smoke else full))["rows"]
+    by = {r["step"]: r["seconds"] for r in rows if r.get("population") in (None, 30, 4)}
+    candidate, sums = by["materialise per candidate"], by["update: workers' sums, summed"]
+    update = sums + by[real_shapes.DRIVERS_PART]
+    detail = (
+        f"ES over LoRA: materialise {candidate:.3f} s a candidate, update at N=30 {update:.2f} s ({sums:.2f} s sums)"
+    )
+    return args.smoke or update < 3, detail, rows
+
+
 # --- the run ------------------------------------------------------------------------------------
 
 
@@ -106,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         shown = {PASSED: "pass", SKIPPED: "skip"}.get(result.status, "FAIL")
         add_row(table, result.name, shown, result.detail, result.seconds)
     shapes = run_check("real shapes", lambda: check_shapes(device, args), table)
-    Path(args.out).write_text(json.dumps({"device": name, "checks": table, "shapes": shapes}, indent=1))
+    es_shapes = run_check("es shapes", lambda: check_es_shapes(device, args), table)
+    report = {"device": name, "checks": table, "shapes": shapes, "es_shapes": es_shapes}
+    Path(args.out).write_text(json.dumps(report, indent=1))
     return 0 if all(row["result"] != "FAIL" for row in table) else 1
 
 

@@ -9,12 +9,14 @@ What is measured (the median of --repeats, on --layers decoder layers of random 
 model's real widths, then extrapolated to every layer: every layer has the same shapes):
 
   es       LoRA rank 8 on all seven projections (Qwen3-30B-A3B: attention and every expert's
-           gate/up/down): `materialise` per candidate; per generation the update: today's way
-           (`tell`: the driver draws every member's noise) against the summed way
-           (strategies/noise_sums.py): the workers' group sums, summed over workers (on one
-           thread, as the driver redrew them: the work itself), and the driver's part (adding
-           the groups, the step); the wall time of the group sums on --workers processes
-           sharing this machine's threads; the checkpoint (torch.save)
+           gate/up/down): `materialise` per candidate; per generation the update: the way before
+           issue 37 (the driver draws every member's noise; on the CPU only) against the summed
+           way (strategies/noise_sums.py): the workers' group sums, summed over workers (on the
+           CPU on one thread, as the driver redrew them: the work itself), and the driver's part
+           (adding the groups, the step); on the CPU the wall time of the group sums on --workers
+           processes sharing this machine's threads; the checkpoint (torch.save). With --device
+           cuda the candidates and the sums are drawn on the GPU, as workers draw them under
+           hardware.noise_device=auto, each group's sum brought back to the host
   ga       LoRA rank 8: `materialise` of a mutated child per candidate; `tell` per generation
            (its survivors materialised on the driver)
   eggroll  rank 1: `materialise` per candidate; `apply` (the update), the checksum, and the weight
@@ -55,6 +57,7 @@ import numpy as np
 import torch
 
 from evora.lora.layout import AdapterLayout, ModuleSlot
+from evora.lora.noise import tensors_to
 from evora.strategies.eggroll import EggrollConfig, EggrollStrategy
 from evora.strategies.es import ESConfig, EvolutionStrategy
 from evora.strategies.es_full import EsFullConfig, EsFullStrategy
@@ -339,7 +342,8 @@ def es_rows(context: Context) -> list[dict]:
     n = numel(theta)
     es = EvolutionStrategy(ESConfig(population=30), SEED)
     specs, payload = es.ask(es.start(theta), 0)
-    seconds = timed(lambda: es.materialise(payload, specs[0]), "cpu", args.repeats)
+    on_device = es.payload_to(payload, args.device)  # as a worker holds it (hardware.noise_device=auto)
+    seconds = timed(lambda: es.materialise(on_device, specs[0]), args.device, args.repeats)
     rows = [context.row("es", "materialise per candidate", seconds, n, 8 * n)]
     with tempfile.TemporaryDirectory() as folder:
         seconds = timed(lambda: torch.save(theta, Path(folder) / "state.pt"), "cpu", args.repeats)
@@ -347,7 +351,7 @@ def es_rows(context: Context) -> list[dict]:
     for population, measured in measured_populations(args, n):
         members = population // 2
         for step in ("update: driver redraws (before)", "update: workers' sums, summed", DRIVERS_PART):
-            if not measured:
+            if not measured and any(r["step"] == step for r in rows):
                 rows.append(extrapolated(rows, step, population, members, args.iteration_seconds))
         if measured:
             rows += es_update_rows(context, theta, population)
@@ -356,29 +360,35 @@ def es_rows(context: Context) -> list[dict]:
 
 def es_update_rows(context: Context, theta: dict, population: int) -> list[dict]:
     args, n, members = context.args, numel(theta), population // 2
+    cpu = args.device == "cpu"
     es = EvolutionStrategy(ESConfig(population=population), SEED)
     state = es.start(theta)
     specs, payload = es.ask(state, 0)
     results = fitness(population)
-    before = timed(lambda: driver_redraw(es, state, specs, results.fitness), "cpu", args.repeats)
-    sums = es.noise_sums(state, specs, results)
+    # The driver's redraw is the host's way (before issue 37): on a GPU machine it is not run again.
+    before = timed(lambda: driver_redraw(es, state, specs, results.fitness), "cpu", args.repeats) if cpu else None
+    sums, on_device = es.noise_sums(state, specs, results), es.payload_to(payload, args.device)
     parts, worker_seconds = [], 0.0
-    torch.set_num_threads(1)  # the work itself, on one thread as the driver redrew it (no work done twice?)
+    torch.set_num_threads(1 if cpu else args.threads)  # the work itself, on one thread as the driver redrew it
     try:
         for group in range(len(sums.groups)):
             start = time.perf_counter()
-            parts.append(es.group_sum(payload, sums, group))
+            # As a worker returns it: drawn where the payload is, back on the host (a GPU's sync).
+            parts.append(tensors_to(es.group_sum(on_device, sums, group), "cpu"))
             worker_seconds += time.perf_counter() - start
     finally:
         torch.set_num_threads(args.threads)
     driver = timed(lambda: es.tell_with(state, specs, results, add_groups(parts)), "cpu", args.repeats)
     walls = {
-        f"wall_{w}_workers": wall_on_workers(es, payload, sums, w, args.threads) * context.scale for w in args.workers
+        f"wall_{w}_workers": wall_on_workers(es, payload, sums, w, args.threads) * context.scale
+        for w in (args.workers if cpu else ())  # processes sharing the host's threads: a CPU figure
     }
     common = {"population": population, "members": members, "groups": len(sums.groups)}
     draws, moved = members * n, members * n * 4
-    return [
-        context.row("es", "update: driver redraws (before)", before, draws, moved, **common),
+    rows = (
+        [] if before is None else [context.row("es", "update: driver redraws (before)", before, draws, moved, **common)]
+    )
+    return rows + [
         context.row("es", "update: workers' sums, summed", worker_seconds, draws, moved, **common, **walls),
         context.row("es", DRIVERS_PART, driver, 0, len(sums.groups) * n * 12, **common),
     ]

@@ -28,7 +28,7 @@ from evora.plan.fit import (
     plan_memory,
 )
 from evora.plan.jobs import check_config
-from evora.plan.run_plan import build_plan, model_layout
+from evora.plan.run_plan import build_plan, model_layout, noise_device
 from evora.strategies import get_strategy
 
 SNAPSHOTS = BUNDLED_DIR / "hub_configs"  # configs of the shipped model configs' hub models, for offline use
@@ -195,11 +195,12 @@ def _units_lines(run: RunConfig) -> list[str]:
 
 def _determinism_line(run: RunConfig, memory: Any) -> str:
     """Which device class the run's noise is drawn on: results are bitwise within one class."""
-    full = "cuda (one GPU model)" if master_device(run, memory) == "cuda" else "cpu"
-    moved = f"; full-weight noise on {full}" if memory.master else ""
+    gpu = "cuda (one GPU model)"
+    full = f"; full-weight noise on {gpu if master_device(run, memory) == 'cuda' else 'cpu'}" if memory.master else ""
+    lora = f"on {gpu}" if noise_device(run) == "cuda" else "on the CPU's streams"
     return (
-        "determinism  bitwise across worker counts and resume within one device class: LoRA noise on the CPU's "
-        f"streams{moved} (a CPU run and a GPU run of one seed draw different numbers)"
+        f"determinism  bitwise across worker counts and resume within one device class: LoRA noise {lora}"
+        f"{full} (a CPU run and a GPU run of one seed draw different numbers)"
     )
 
 

@@ -169,6 +169,9 @@ class HardwareConfig:
     gpus_per_node: Optional[int] = None  # GPUs a node holds, for the host check (None: this host's, else 8)
     min_units: int = 2  # engine.units=fixed: a generation's prompts are cut too until it has this many units
     master_weights: str = "auto"  # full-weight strategies' fp32 copies: auto (on the GPU when they fit) | device | host
+    # Where LoRA noise is drawn: auto (on the engines' GPU, for strategies that draw it only on the
+    # workers) | device | host (the CPU's streams, as runs before it did).
+    noise_device: str = "auto"
     kv_cache_gib: int = 1
     dashboard: bool = False
     trial_cpus: float = 1.0  # PBT: CPUs each training trial reserves

@@ -81,22 +81,10 @@ class Driver:
         self.opened.callback(recorder.close)
         self.stopping = self.budget is not None and self.budget.spent(self.loop.ledger.search_usage())
         self.opened.callback(sweep_run_scratch, self.run_cfg.engine.adapter_dir, self.run_tag)
-        # Named per driver process: a restarted driver's workers must not clash with the old ones' names.
-        layout = self.plan.layout
-        self.pool = pool = WorkerPool.start(
-            worker_spec(
-                self.run_cfg,
-                self.plan.model_path,
-                layout,
-                self.run_tag,
-                max_lora_rank=engine_rank(layout),
-                resolved=(self.plan.task, self.plan.splits),
-                master_device=self.plan.master_device,
-            ),
-            self.run_cfg.hardware,
-            name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}",
-        )
+        self.pool = pool = self._start_pool()
         self.opened.callback(pool.shutdown)
+        gpu = pool.infos[0].get("device", "cpu")  # the workers' GPU model (one class a run)
+        self.devices = checkpoint.noise_classes(self.plan.noise_device, self.plan.master_device, gpu)
         training = None
         if self.entry.trains_on_driver(self.strategy):
             training, scorer = training_context(self.plan, self.budget, self._spent_now, pool)
@@ -122,11 +110,27 @@ class Driver:
         )
         self.search: Search = self.entry.kind.search_class()(parts)
 
+    def _start_pool(self) -> WorkerPool:
+        layout = self.plan.layout
+        spec = worker_spec(
+            self.run_cfg,
+            self.plan.model_path,
+            layout,
+            self.run_tag,
+            max_lora_rank=engine_rank(layout),
+            resolved=(self.plan.task, self.plan.splits),
+            master_device=self.plan.master_device,
+            noise_device=self.plan.noise_device,
+        )
+        # Named per driver process: a restarted driver's workers must not clash with the old ones' names.
+        return WorkerPool.start(spec, self.run_cfg.hardware, name_prefix=f"evora-worker-{self.run_tag}-{os.getpid()}")
+
     def _restore_or_init(self) -> None:
         path = checkpoint.latest_path(self.run_dir)
         self.resumed = path.exists()
         if self.resumed:
             saved = checkpoint.load_run_state(path, self.run_cfg.strategy.name, self.strategy.state_type)
+            self.saved_devices: dict[str, str] | None = saved.get("devices")
             self.state = self.strategy.state_type(**saved["state"])
             self.loop = LoopState.from_saved(saved["loop"])
             self.completed_at_start = self.loop.next_generation
@@ -141,6 +145,7 @@ class Driver:
             prompts_per_generation=self.run_cfg.task.prompts_per_generation,
         )
         self.state = self.strategy.initial_state(context)
+        self.saved_devices = None
         self.loop = LoopState(ComputeLedger(plan.parameters))
         self.completed_at_start = -1
         write_config(self.run_dir, self.run_cfg)
@@ -188,6 +193,7 @@ class Driver:
             moved=moved,
             units=self.search.units(self.state, loop.next_generation),
             master_device=master_device,
+            device_change=checkpoint.device_change(self.saved_devices, self.devices),
         )
 
     def _initial_evaluation(self) -> None:
@@ -306,7 +312,9 @@ class Driver:
         if self.weights is not None:
             self.weights.snapshot_if_due(done)
             loop.weight_snapshots = self.weights.keep(None if loop.best is None else loop.best.generation)
-        saved = checkpoint.run_state(self.run_cfg.strategy.name, self.state, state_fields(self.state), loop.to_saved())
+        saved = checkpoint.run_state(
+            self.run_cfg.strategy.name, self.state, state_fields(self.state), loop.to_saved(), self.devices
+        )
         checkpoint.atomic_save(saved, checkpoint.latest_path(self.run_dir))
         if self.weights is not None:
             self.weights.remove_unlisted()

@@ -20,8 +20,9 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostErro
 
 from evora.config.schema import HardwareConfig
 from evora.distributed.memory_deaths import memory_killer
+from evora.distributed.payloads import SharedPayload
 from evora.distributed.placement import Placement, place_workers, worker_count
-from evora.distributed.worker import EngineWorker, SharedPayload
+from evora.distributed.worker import EngineWorker
 from evora.distributed.worker_spec import WorkerSpec
 from evora.engines.environment import engine_environment
 from evora.errors import RunError

@@ -119,11 +119,13 @@ def start_event(
     population: int | None = None,
     units: int | None = None,
     master_device: str | None = None,
+    device_change: str | None = None,
 ) -> StartEvent:
     """The event every run's console starts from, the shared loop's and a job runner's.
     `moved`: a full-weight strategy's weights and master bytes (and `master_device`, where they
     live); `population`: a job whose members report themselves (PBT), so the console draws no
-    generation bar; `units`: the work units a generation is cut into."""
+    generation bar; `units`: the work units a generation is cut into; `device_change`: a resume's
+    line when its noise is now drawn on another device class (checkpoint.device_change)."""
     event = StartEvent(
         kind="start",
         strategy=strategy,
@@ -143,4 +145,6 @@ def start_event(
         event["master_device"] = master_device
     if units is not None:
         event["units"] = units
+    if device_change is not None:
+        event["device_change"] = device_change
     return event

@@ -34,6 +34,7 @@ from evora.distributed.cells import (
 )
 from evora.distributed.in_place import complete_in_place
 from evora.distributed.memory_deaths import oom_kills
+from evora.distributed.payloads import PayloadReader
 from evora.distributed.units import GroupSum, GroupTask, RolloutResult, RolloutUnit
 from evora.distributed.worker_memory import MemoryGauge
 from evora.distributed.worker_rollouts import WorkerRollouts
@@ -44,6 +45,7 @@ from evora.engines.deferred_imports import defer_sklearn
 from evora.errors import RunError
 from evora.lora import Tensors
 from evora.lora.base_weights import read_weights
+from evora.lora.noise import tensors_to
 from evora.strategies import get_strategy
 from evora.strategies.full_weights import (
     InPlaceStrategy,
@@ -99,15 +101,6 @@ class UnitResult:
     correct_counts: np.ndarray | None = None  # [spec, prompt]: correct samples, with several a cell (pass@k)
 
 
-@dataclass(frozen=True)
-class SharedPayload:
-    """A generation's payload by reference. Ray resolves an ObjectRef argument on every call,
-    deserialising it again for each unit (the ecology's holds every organelle's adapter: 0.9 s
-    a call at 819 organelles, bench/scale.py); wrapped, the worker reads it once."""
-
-    ref: Any  # ray.ObjectRef
-
-
 class EngineWorker:
     def __init__(self, spec: WorkerSpec, index: int):
         defer_sklearn()  # before the tokenizer imports transformers.generation
@@ -135,7 +128,7 @@ class EngineWorker:
         self.run_seed = spec.seed
         self.task_config = spec.task  # its decoding, per split
         self.memory = MemoryGauge()
-        self._payload: tuple[Any, Any] = (None, None)  # (ref, payload): the last shared payload read
+        self._payload_here = PayloadReader(self.strategy, spec.noise_device)
         self.rollouts = WorkerRollouts(self.engine, self.scratch, self.layout, self.dtype, self._release)
 
     def info(self) -> dict[str, Any]:
@@ -147,6 +140,8 @@ class EngineWorker:
             "pid": os.getpid(),
             "node": context.get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            # The GPU model its noise is drawn on (a device class: checkpoint.noise_classes); cpu without one.
+            "device": torch.cuda.get_device_name(0) if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu",
             "oom_kills": oom_kills(),  # the node's, at this worker's start (distributed/memory_deaths.py)
         }
 
@@ -157,10 +152,9 @@ class EngineWorker:
         return self._prompt_ids[key]
 
     def evaluate(self, payload: Any, unit: WorkUnit) -> UnitResult:
-        """`payload`: the strategy's, or a SharedPayload holding a reference to it."""
+        """`payload`: the strategy's, or a payloads.SharedPayload holding a reference to it."""
         start = time.perf_counter()
-        if isinstance(payload, SharedPayload):
-            payload = self._shared(payload)
+        payload = self._payload_here(payload)
         refs = self._adapters(payload, unit)
         materialised = time.perf_counter()
         examples = [self.splits.get(unit.split)[i] for i in unit.prompt_indices]
@@ -209,25 +203,17 @@ class EngineWorker:
         """A summed strategy's group of members' weighted noise (`payload`: the generation's, as
         `evaluate` got it, read once)."""
         start = time.perf_counter()
-        if isinstance(payload, SharedPayload):
-            payload = self._shared(payload)
+        payload = self._payload_here(payload)
         assert self.strategy is not None, "a summed strategy's workers build it"
         summed: SummedStrategy = self.strategy
-        tensors = summed.group_sum(payload, task.sums, task.group)
+        # The driver adds the groups on the host (it may have no GPU): a sum drawn on the GPU comes back.
+        tensors = tensors_to(summed.group_sum(payload, task.sums, task.group), "cpu")
         return GroupSum(task.group, tensors, self.index, time.perf_counter() - start)
 
     def rollout(self, payload: Any, unit: RolloutUnit) -> RolloutResult:
         """A trainer's completions (GRPO's groups; `payload`: the step's `Policy`, as `evaluate`
         gets its payload) and, with `unit.logprobs`, their log-probabilities."""
-        policy = self._shared(payload) if isinstance(payload, SharedPayload) else payload
-        return self.rollouts.run(policy, unit, self.index)
-
-    def _shared(self, shared: SharedPayload) -> Any:
-        import ray
-
-        if self._payload[0] != shared.ref:  # the previous generation's is dropped: its object can go
-            self._payload = (shared.ref, ray.get(shared.ref))
-        return self._payload[1]
+        return self.rollouts.run(self._payload_here(payload), unit, self.index)
 
     def _adapters(self, payload: Any, unit: WorkUnit) -> list[AdapterRef | None]:
         """Each spec's adapter, loaded or held; None for the base model, the engine's own weights

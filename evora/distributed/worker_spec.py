@@ -40,6 +40,7 @@ class WorkerSpec:
     resolved: tuple[Task, Splits] | None = None
     master_device: str = "cpu"  # where a full-weight strategy's fp32 master copies live (RunPlan.master_device)
     unit_timeout_s: float | None = None  # a unit's deadline (unit_deadline); None: none
+    noise_device: str = "cpu"  # where LoRA noise is drawn (RunPlan.noise_device): the payload's tensors go there
 
 
 def engine_spec(
@@ -115,6 +116,7 @@ def worker_spec(
     max_lora_rank: int | None = None,
     resolved: tuple[Task, Splits] | None = None,
     master_device: str = "cpu",
+    noise_device: str = "cpu",
 ) -> WorkerSpec:
     # The engine wraps the modules the layout targets (PBT: the union over its search space).
     engine = engine_spec(run, model_path, max_lora_rank, vllm_target_modules(layout))
@@ -131,6 +133,7 @@ def worker_spec(
         resolved,
         master_device,
         unit_deadline(run),
+        noise_device,
     )
 
 

@@ -185,7 +185,9 @@ def install_memory_adapters() -> bool:
             lora_model_id=lora_request.lora_int_id,
             tensors=dict(tensors),
             peft_helper=helper,
-            device="cpu",
+            # Where the tensors are: a candidate drawn on the GPU (hardware.noise_device) stays
+            # there, and vLLM copies it into its LoRA slots without a trip through the host.
+            device=str(next(iter(tensors.values())).device) if tensors else "cpu",
             dtype=self.lora_config.lora_dtype,
             model_vocab_size=self.vocab_size,
             weights_mapper=mapper,

@@ -3,7 +3,9 @@
 Every tensor gets its own generator, so tensors of equal shape never share noise, and any
 worker rebuilds exactly the candidate the driver means.
 
-Where it is drawn (docs/architecture.md, "Determinism rules"): on the device that uses it. A
+Where it is drawn (docs/architecture.md, "Determinism rules"): on the device of the tensors it
+perturbs (a LoRA's on the engine's GPU under hardware.noise_device=auto, for strategies that draw
+only on the workers; the CPU otherwise). A
 CUDA tensor's stream comes from a CUDA generator (Philox), in milliseconds; a CPU tensor's from
 a CPU generator (mt19937), and since each tensor has a stream of its own, many tensors are drawn
 at once over the process's threads (`in_parallel`), bitwise what one thread draws. The two
@@ -65,8 +67,15 @@ def noise_generation(generation: int, reuse: int) -> int:
     return generation - generation % reuse
 
 
-def member_noise(run_seed: int, generation: int, member: int, tensor_name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    return gaussian(noise_key(run_seed, "noise", generation, member, tensor_name), shape)
+def member_noise(
+    run_seed: int,
+    generation: int,
+    member: int,
+    tensor_name: str,
+    shape: tuple[int, ...],
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
+    return gaussian(noise_key(run_seed, "noise", generation, member, tensor_name), shape, device)
 
 
 # --- many tensors at once --------------------------------------------------------------------
@@ -142,15 +151,27 @@ def perturbed_adapter(
     member: int,
     scale: Callable[[str], float | torch.Tensor],
 ) -> dict[str, torch.Tensor]:
-    """center + scale(name) * the member's noise, per tensor, tensors at once over the process's
-    threads: a candidate of the strategies whose perturbations are one Gaussian draw per member
-    (ES, RandOpt; SNES and PGPE, whose scale is a tensor of sigmas)."""
+    """center + scale(name) * the member's noise, per tensor, drawn on the center's device (on
+    the CPU, tensors at once over the process's threads): a candidate of the strategies whose
+    perturbations are one Gaussian draw per member (ES, RandOpt; SNES and PGPE, whose scale is
+    a tensor of sigmas)."""
 
     def perturbed(item: tuple[str, torch.Tensor]) -> torch.Tensor:
         name, value = item
-        return value + scale(name) * member_noise(run_seed, generation, member, name, tuple(value.shape))
+        noise = member_noise(run_seed, generation, member, name, tuple(value.shape), value.device)
+        return value + scale(name) * noise
 
-    return dict(zip(center, in_parallel(perturbed, list(center.items()), cost=named_values)))
+    return dict(zip(center, in_parallel(perturbed, list(center.items()), device_of(center), cost=named_values)))
+
+
+def device_of(tensors: dict[str, torch.Tensor]) -> torch.device:
+    """Where a set of tensors lives (the CPU for none): where their noise is drawn."""
+    return next(iter(tensors.values())).device if tensors else torch.device("cpu")
+
+
+def tensors_to(tensors: dict[str, torch.Tensor], device: str | torch.device) -> dict[str, torch.Tensor]:
+    """The tensors on `device` (themselves where they already are)."""
+    return {name: value.to(device) for name, value in tensors.items()}
 
 
 @dataclass(frozen=True)

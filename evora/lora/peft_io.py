@@ -56,7 +56,8 @@ def save_adapter(
     check_tensors(tensors, layout)
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    out = {name: (t.to(dtype) if dtype is not None else t).contiguous() for name, t in tensors.items()}
+    # On the host: a candidate drawn on a GPU (hardware.noise_device) is written from there.
+    out = {name: (t.to(dtype) if dtype is not None else t).contiguous().cpu() for name, t in tensors.items()}
     save_file(out, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     (folder / CONFIG_FILE).write_text(json.dumps(adapter_config(layout), indent=2))
     return folder

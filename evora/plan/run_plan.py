@@ -47,6 +47,7 @@ class RunPlan:
     splits: Splits
     matched_usage: dict[str, float] | None  # the search usage of the run strategy.match names
     master_device: str = "cpu"  # a full-weight strategy's fp32 master copies: cuda (beside the engine) | cpu
+    noise_device: str = "cpu"  # where the workers draw LoRA noise: cuda (the engine's GPU) | cpu (noise_device())
 
     @property
     def entry(self) -> StrategyEntry:
@@ -103,7 +104,19 @@ def build_plan(run: RunConfig) -> RunPlan:
         task_splits(run, task),
         matched_usage(run.strategy),
         master_device(run, memory),
+        noise_device(run),
     )
+
+
+def noise_device(run: RunConfig) -> str:
+    """Where the engine workers draw LoRA noise: `cuda`, the engine's GPU, for a strategy that
+    draws it only there (registered with device_noise=True) on GPU workers, unless
+    hardware.noise_device=host; else `cpu`, the CPU's streams (validate.py refuses `device`
+    where it cannot be)."""
+    hardware = run.hardware
+    if hardware.noise_device == "host" or hardware.gpus_per_worker == 0:
+        return "cpu"
+    return "cuda" if get_strategy(run.strategy.name).device_noise else "cpu"
 
 
 def check_served_reward(run: RunConfig) -> None:

@@ -35,6 +35,7 @@ def validate(run: RunConfig) -> None:
         _check_strategy,
         _check_engine,
         _check_hardware,
+        _check_noise_device,
         _check_tracking,
     ):
         check(run)
@@ -312,6 +313,20 @@ def _check_hardware(run: RunConfig) -> None:
     require(hw.kv_cache_gib >= 0, "hardware.kv_cache_gib", hw.kv_cache_gib, "must be >= 0")
     choice("hardware.master_weights", hw.master_weights, MASTER_PLACES)
     require(hw.min_units >= 1, "hardware.min_units", hw.min_units, "must be an integer >= 1")
+
+
+def _check_noise_device(run: RunConfig) -> None:
+    hw = run.hardware
+    choice("hardware.noise_device", hw.noise_device, MASTER_PLACES)
+    if hw.noise_device == "device":
+        require(hw.gpus_per_worker > 0, "hardware.noise_device", "device", "needs GPU workers (hardware=gpu)")
+        require(
+            get_strategy(run.strategy.name).device_noise,
+            "hardware.noise_device",
+            "device",
+            f"strategy={run.strategy.name} redraws its noise on the driver, so it draws on the CPU's streams; "
+            "use auto or host",
+        )
 
 
 MASTER_PLACES = ("auto", "device", "host")

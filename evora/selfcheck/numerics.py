@@ -12,9 +12,10 @@ import numpy as np
 import torch
 
 from evora.lora.layout import AdapterLayout, ModuleSlot
-from evora.lora.noise import gaussian, member_noise, noise_key
+from evora.lora.noise import gaussian, member_noise, noise_key, tensors_to
 from evora.selfcheck.checks import Check, Finding, Node, register_check
 from evora.strategies.full_weights import MasterWeights, matrix_name
+from evora.strategies.noise_sums import add_groups
 from evora.strategies.protocol import StrategyContext, fitness_results
 
 SEED = 3
@@ -67,22 +68,38 @@ def check_noise(node: Node) -> Finding:
 
 
 def check_es(node: Node) -> Finding:
+    """The update as a run on this device makes it (hardware.noise_device=auto: LoRA noise on the
+    engines' GPU): the members' noise summed in groups where the payload is, on one worker and on
+    two (groups in another order, added in group order), against float64 from the same noise."""
     from evora.strategies.es import ESConfig, EvolutionStrategy
 
     es = EvolutionStrategy(ESConfig(population=16, sigma=0.1, lr=0.05), SEED)
     lay = layout([(node.size, node.size // 2)], rank=8)
     theta = {k: torch.randn(v.shape) * 0.01 for k, v in zero_lora(lay).items()}
     state = es.start(theta)
-    specs, _ = es.ask(state, 0)
+    specs, payload = es.ask(state, 0)
     results, z = zscored(16)
-    new = es.tell(state, specs, results).state
+    sums, here = es.noise_sums(state, specs, results), es.payload_to(payload, node.device)
+    groups = list(range(len(sums.groups)))
+
+    def summed(order: list[int]) -> dict[str, torch.Tensor]:
+        parts = {g: tensors_to(es.group_sum(here, sums, g), "cpu") for g in order}
+        return add_groups([parts[g] for g in groups])
+
+    one, two = summed(groups), summed(groups[1::2] + groups[0::2])
+    same = all(torch.equal(one[k], two[k]) for k in one)
+    new = es.tell_with(state, specs, results, one).state
     expected = {}
     for k, value in theta.items():
-        noise = [member_noise(SEED, 0, s.member, k, tuple(value.shape)).double() for s in specs]
-        step = sum(z[s.index] * s.sign * eps for s, eps in zip(specs, noise))
+        noise = [member_noise(SEED, 0, s.member, k, tuple(value.shape), node.device).double() for s in specs]
+        step = sum(z[s.index] * s.sign * eps.cpu() for s, eps in zip(specs, noise))
         expected[k] = value.double() + 0.05 * step / (16 * 0.1)
     difference = largest_difference(new.theta, expected)
-    return Finding(difference < 1e-5, f"max |update - float64| {difference:.1e} (LoRA noise on the host)")
+    return Finding(
+        difference < 1e-5 and same,
+        f"max |update - float64| {difference:.1e}, 1 and 2 workers {'bitwise equal' if same else 'DIFFER'} "
+        f"(LoRA noise on {node.device})",
+    )
 
 
 def check_eggroll(node: Node) -> Finding:
@@ -131,7 +148,7 @@ def check_es_full(node: Node) -> Finding:
 
 
 register_check(Check("noise", "a noise key's stream is the same each time it is drawn on this device", check_noise))
-register_check(Check("es update", "ES's update over a LoRA equals float64 from the same noise", check_es))
+register_check(Check("es update", "ES's update over a LoRA, its noise summed on this device, equals float64", check_es))
 register_check(Check("eggroll update", "EGGROLL's low-rank update of master copies equals float64", check_eggroll))
 register_check(
     Check("es_full update", "es_full's dense update on this device equals float64 from the same noise", check_es_full)

@@ -23,14 +23,25 @@ from typing import Any, Callable, Generic, Protocol, TypeVar
 from evora.lora.layout import AdapterLayout
 from evora.strategies.full_weights import FullWeightStrategy, InPlaceStrategy, TrainedWeightsStrategy
 from evora.strategies.noise_sums import SummedStrategy
-from evora.strategies.protocol import GradientStrategy, PortfolioStrategy, RefiningStrategy, Strategy
+from evora.strategies.protocol import (
+    DeviceNoiseStrategy,
+    GradientStrategy,
+    PortfolioStrategy,
+    RefiningStrategy,
+    Strategy,
+)
 
 P = TypeVar("P")
 
 POPULATION_SEARCH = "evora.distributed.search:PopulationSearch"
 EXPORT_ADAPTERS = "evora.distributed.exporters:export_adapters"
 # A trait a strategy may declare at registration, and the protocol that it adds.
-TRAITS: dict[str, type] = {"refines": RefiningStrategy, "summed": SummedStrategy, "in_place": InPlaceStrategy}
+TRAITS: dict[str, type] = {
+    "refines": RefiningStrategy,
+    "summed": SummedStrategy,
+    "in_place": InPlaceStrategy,
+    "device_noise": DeviceNoiseStrategy,
+}
 
 
 def protocol_members(protocol: type) -> set[str]:
@@ -189,7 +200,7 @@ POPULATION: PopulationKind[Strategy] = PopulationKind(
     "population",
     Strategy,
     "ask/tell: each generation's candidates are LoRAs evaluated on the engine workers in one multi-LoRA batch",
-    traits=frozenset({"refines", "summed"}),
+    traits=frozenset({"refines", "summed", "device_noise"}),
 )
 PORTFOLIO: Kind[PortfolioStrategy] = Kind(
     "portfolio",

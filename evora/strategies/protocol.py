@@ -212,6 +212,16 @@ class RefiningStrategy(Strategy, Protocol):
     def refine(self, state: Any, generation: int, context: TrainingContext) -> Told | None: ...
 
 
+class DeviceNoiseStrategy(Strategy, Protocol):
+    """Registered with `device_noise=True`: every draw of its noise is made on the engine workers
+    (`materialise`, and `group_sum` when summed), never on the driver, so a worker may draw it on
+    its GPU (hardware.noise_device; docs/architecture.md, "Determinism rules")."""
+
+    def payload_to(self, payload: Any, device: str) -> Any:
+        """The generation's payload with its tensors on `device`, where its candidates' noise is
+        then drawn; any other payload (an evaluation's) as it is."""
+
+
 class PortfolioStrategy(Strategy, Protocol):
     """A population that serves as a routed portfolio (the ecology): at the finish the loop
     chooses a routing map (family -> member) on the selection split and evaluates it."""

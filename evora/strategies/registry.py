@@ -59,6 +59,10 @@ class StrategyEntry:
     # A noise_sums.SummedStrategy: workers sum the members' noise in fixed groups for its tell
     # (noise_sums / group_sum / tell_with), rather than the driver redrawing the population's.
     summed: bool = False
+    # A protocol.DeviceNoiseStrategy: it draws noise only on the workers, which may then draw it
+    # on their GPU (hardware.noise_device); the others draw on the CPU's streams, as the driver
+    # that redraws theirs must.
+    device_noise: bool = False
     # Figures, report sections, findings and compare table the analysis adds for the strategy's runs:
     # an analysis_hooks.Analysis, or "module:attribute" naming one (imported only when a run is analysed,
     # so registering imports no matplotlib). evora.analysis names no strategy; it asks analysis_hooks().

@@ -59,9 +59,16 @@ class VersionedState(Protocol):
     STATE_VERSION: ClassVar[int]
 
 
-def run_state(strategy: str, state: Any, state_fields: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
-    """What a checkpoint holds: format and versions (checked on load), the strategy's state, the loop's."""
-    return {
+def run_state(
+    strategy: str,
+    state: Any,
+    state_fields: dict[str, Any],
+    loop: dict[str, Any],
+    devices: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """What a checkpoint holds: format and versions (checked on load), the strategy's state, the
+    loop's, and the device classes its noise was drawn on (`noise_classes`; read on resume)."""
+    saved = {
         "format": FORMAT,
         "version": VERSION,
         "strategy": strategy,
@@ -70,6 +77,34 @@ def run_state(strategy: str, state: Any, state_fields: dict[str, Any], loop: dic
         "state": state_fields,
         "loop": loop,
     }
+    if devices is not None:
+        saved["devices"] = devices
+    return saved
+
+
+def noise_classes(lora: str, full_weights: str, gpu: str) -> dict[str, str]:
+    """The device class each kind of noise is drawn on: the CPU, or the workers' GPU model
+    (`gpu`, e.g. "NVIDIA H200"), given where the run plan draws it (cpu | cuda)."""
+    return {"lora": gpu if lora == "cuda" else "cpu", "full_weights": gpu if full_weights == "cuda" else "cpu"}
+
+
+def device_change(saved: dict[str, str] | None, now: dict[str, str]) -> str | None:
+    """One line when a resumed run draws its noise on another device class than the checkpoint's
+    (determinism is promised per class: its numbers from here on differ from an unbroken run's);
+    None when they match, or the checkpoint does not say (written before evora recorded it)."""
+    if not saved:
+        return None
+    changed = [
+        f"{kind.replace('_', '-')} noise on {saved[kind]}, now on {now[kind]}"
+        for kind in now
+        if saved.get(kind, now[kind]) != now[kind]
+    ]
+    if not changed:
+        return None
+    return (
+        f"warning: resumed on another device class ({'; '.join(changed)}): its numbers from here on differ "
+        "from an unbroken run's (hardware.noise_device / master_weights=host draw on the CPU's streams)"
+    )
 
 
 def load_run_state(path: Path, strategy: str, state_type: type[VersionedState]) -> dict[str, Any]:

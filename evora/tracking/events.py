@@ -41,6 +41,7 @@ class StartEvent(TypedDict):
     master_bytes: NotRequired[int]  # ... and the memory of its master copies, per worker
     master_device: NotRequired[str]  # ... where they live: cuda (beside the engine) | cpu (the host)
     units: NotRequired[int]  # the work units a generation is cut into (engine.units, hardware.min_units)
+    device_change: NotRequired[str]  # a resume drawing its noise on another device class: one line
 
 
 class FinalEvent(TypedDict):

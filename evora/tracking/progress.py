@@ -183,8 +183,8 @@ class ConsoleProgress:
             + f", set-up {event['setup_seconds']:.0f}s{resumed}"
             + (f"; held-out reward of the base model {_fmt(base)}" if base is not None else "")
         )
-        idle = idle_line(event)
-        if idle:
-            self.console.print(idle)
+        for line in (idle_line(event), event.get("device_change")):
+            if line:
+                self.console.print(line)
         if not members_report(event):
             self.task = self.progress.add_task("generations", total=event["generations"], completed=event["start"])

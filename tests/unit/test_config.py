@@ -202,6 +202,12 @@ def test_configs_are_frozen():
             "> 1 needs GPU engines (hardware.gpus_per_worker=1) that shard a model: engine=vllm",
         ),
         ("engine.units=all", 'engine.units="all": allowed: fixed, whole'),
+        ("hardware.noise_device=gpu", 'hardware.noise_device="gpu": allowed: auto, device, host'),
+        ("hardware.noise_device=device", 'hardware.noise_device="device": needs GPU workers (hardware=gpu)'),
+        (
+            "hardware=gpu strategy=snes hardware.noise_device=device",
+            "strategy=snes redraws its noise on the driver, so it draws on the CPU's streams; use auto or host",
+        ),
         ("hardware.driver_restarts=-1", "hardware.driver_restarts=-1: must be >= 0"),
         ("hardware.worker_replacements=-1", "hardware.worker_replacements=-1: must be >= 0"),
         ("strategy.sigma=inf", "strategy.sigma=inf: must be a finite number"),

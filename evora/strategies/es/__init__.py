@@ -11,6 +11,7 @@ register_strategy(
     validate=check_es,
     center="mean",
     summed=True,  # the workers sum the members' noise (strategies/noise_sums.py)
+    device_noise=True,  # drawn only on the workers (materialise, group_sum): on their GPU under noise_device=auto
     report_keys=("population", "sigma", "lr", "antithetic", "shaping", "optimizer"),
     console_keys=(("update_norm", "|update|"),),
 )(EvolutionStrategy)

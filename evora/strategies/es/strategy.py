@@ -15,13 +15,22 @@ vLLM builds adapters on the host and copies them into its GPU slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from evora.lora.noise import in_parallel, named_values, noise_generation, noise_key, perturbed_adapter, weighted_sum
+from evora.lora.noise import (
+    device_of,
+    in_parallel,
+    named_values,
+    noise_generation,
+    noise_key,
+    perturbed_adapter,
+    tensors_to,
+    weighted_sum,
+)
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.es.config import ESConfig
 from evora.strategies.noise_sums import NoiseSums, member_coefficients, member_groups, summed_locally
@@ -88,6 +97,11 @@ class EvolutionStrategy:
     def ask(self, state: ESState, generation: int) -> tuple[list[CandidateSpec], ESPayload]:
         return self.population(generation), ESPayload(generation, state.theta, state.noise_scales)
 
+    def payload_to(self, payload: Any, device: str) -> Any:
+        if not isinstance(payload, ESPayload):
+            return payload
+        return replace(payload, theta=tensors_to(payload.theta, device))
+
     def materialise(self, payload: ESPayload, spec: CandidateSpec) -> Tensors:
         scales, generation = payload.noise_scales, noise_generation(spec.generation, self.cfg.noise_reuse)
         return perturbed_adapter(
@@ -107,7 +121,7 @@ class EvolutionStrategy:
 
     def group_sum(self, payload: ESPayload, sums: NoiseSums, group: int) -> Tensors:
         """sum over the group's members of c_m eps_m per tensor, members in order (c_m = 0 skipped),
-        tensors at once over the process's threads."""
+        drawn on theta's device (on the CPU, tensors at once over the process's threads)."""
         start, stop = sums.groups[group]
         live = [(m, sums.coefficients[m]) for m in range(start, stop) if sums.coefficients[m] != 0.0]
 
@@ -115,9 +129,10 @@ class EvolutionStrategy:
             name, value = item
             drawn = noise_generation(sums.generation, self.cfg.noise_reuse)
             keys = [(noise_key(self.run_seed, "noise", drawn, m, name), c) for m, c in live]
-            return weighted_sum(keys, tuple(value.shape))
+            return weighted_sum(keys, tuple(value.shape), value.device)
 
-        return dict(zip(payload.theta, in_parallel(summed, list(payload.theta.items()), cost=named_values)))
+        theta = payload.theta
+        return dict(zip(theta, in_parallel(summed, list(theta.items()), device_of(theta), cost=named_values)))
 
     def gradient(self, state: ESState, specs: list[CandidateSpec], fitness: np.ndarray) -> Tensors:
         """1/(N sigma_k) * sum_i w_i sign_i eps_i, one noise draw per member, summed here."""

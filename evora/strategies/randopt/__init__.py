@@ -11,6 +11,7 @@ register_strategy(
     validate=check_randopt,
     center="distilled",
     refines=True,
+    device_noise=True,  # drawn only on the workers (materialise): on their GPU under noise_device=auto
     report_keys=("population", "sigma", "top_k", "targets", "distil_from", "sft_epochs", "sft_learning_rate"),
     console_keys=(("ensemble_accuracy", "ensemble"), ("distil_examples", "distilled")),
 )(RandOpt)

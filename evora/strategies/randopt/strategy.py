@@ -27,7 +27,7 @@ import numpy as np
 
 from evora.errors import ConfigError
 from evora.lora.layout import ModuleSlot
-from evora.lora.noise import gaussian, in_parallel, noise_key, perturbed_adapter
+from evora.lora.noise import device_of, gaussian, in_parallel, noise_key, perturbed_adapter, tensors_to
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.protocol import (
     CandidateSpec,
@@ -119,6 +119,11 @@ class RandOpt:
         payload = RandOptPayload(generation, state.center, state.scales, tuple(state.modules), state.lora_scale)
         return specs, payload
 
+    def payload_to(self, payload: Any, device: str) -> Any:
+        if not isinstance(payload, RandOptPayload):
+            return payload
+        return replace(payload, center=tensors_to(payload.center, device))
+
     def materialise(self, payload: RandOptPayload, spec: CandidateSpec) -> Tensors:
         if self.cfg.perturbation == "eggroll":
             return self.low_rank_perturbed(payload, spec)
@@ -137,12 +142,14 @@ class RandOpt:
             a, b = payload.center[slot.a_key].clone(), payload.center[slot.b_key].clone()
             sigma = self.cfg.sigma * payload.scales.get(slot.b_key, 1.0)
             key = (self.run_seed, "randopt-eggroll", spec.generation, spec.member, module)
-            a[-r:] = gaussian(noise_key(*key, "A"), (r, a.shape[1]))
-            b[:, -r:] = gaussian(noise_key(*key, "B"), (b.shape[0], r)) * (sigma / (math.sqrt(r) * payload.lora_scale))
+            a[-r:] = gaussian(noise_key(*key, "A"), (r, a.shape[1]), a.device)
+            b[:, -r:] = gaussian(noise_key(*key, "B"), (b.shape[0], r), b.device) * (
+                sigma / (math.sqrt(r) * payload.lora_scale)
+            )
             return {slot.a_key: a, slot.b_key: b}
 
         out = dict(payload.center)
-        for perturbed in in_parallel(one, list(payload.modules)):
+        for perturbed in in_parallel(one, list(payload.modules), device_of(payload.center)):
             out |= perturbed
         return out
 
