@@ -18,7 +18,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from evora.config.schema import HardwareConfig
-from evora.errors import ConfigError
+from evora.errors import ConfigError, RunError
 
 PLACEMENT_TIMEOUT_S = 120.0
 
@@ -64,6 +64,59 @@ def check_capacity(hw: HardwareConfig, workers: int) -> None:
                 f"driver) need {need:g} {resource}s but the Ray cluster has {have.get(resource, 0):g}; lower "
                 f"hardware.num_workers or {key}"
             )
+
+
+def wait_placed(
+    actors: list[Any], refs: list[Any], hw: HardwareConfig, timeout_s: float = PLACEMENT_TIMEOUT_S
+) -> list[Any]:
+    """`refs` (the `actors`' first answers) once every worker has started. Ray queues a worker it
+    cannot place (the CPUs or GPUs it needs held by other actors or jobs) without a word, and it
+    would wait for ever: every `timeout_s` that some have not answered, if Ray has placed not all
+    of those and has not free what one needs, the start fails in one line naming what is free
+    against what one needs. Engines only slow to start have a process, and workers Ray has the
+    room for will get one: both are waited for. (Room free in sum but split between nodes, a
+    node's CPUs beside another's GPU, is waited for too, as Ray does.)"""
+    pending = dict(zip(refs, actors))
+    while pending:
+        _, left = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
+        pending = {ref: pending[ref] for ref in left}
+        unplaced = [actor for actor in pending.values() if not has_process(actor)]
+        if unplaced and not has_room(hw):
+            raise RunError(
+                f"{len(unplaced)} of {len(refs)} engine worker(s) not placed by Ray after {timeout_s:g}s: each "
+                f"needs {needs(hw)}; the rest is held by other actors or jobs: free it, or lower "
+                "hardware.num_workers, hardware.cpus_per_worker or hardware.gpus_per_worker"
+            )
+    return ray.get(refs)
+
+
+def has_process(actor: Any) -> bool:
+    """Whether Ray has placed the actor (a process runs it, its constructor maybe still going),
+    from the GCS's actor table: the public state API needs the dashboard, which evora's local
+    Ray does not start. Written for Ray 2.60 (tests/integration/test_cluster.py checks it);
+    where the table cannot be read, True: wait, as Ray itself does."""
+    try:
+        from ray._private.state import state
+
+        entry = state.actor_table(actor._actor_id.hex())
+    except Exception:  # another Ray's private API: no verdict
+        return True
+    return not (entry and entry.get("State") == "PENDING_CREATION" and not entry.get("Pid"))
+
+
+def has_room(hw: HardwareConfig) -> bool:
+    """Whether Ray has free, in sum over its nodes, what one more worker needs."""
+    free = ray.available_resources()
+    return all(free.get(name, 0.0) + 1e-9 >= n for name, n in (("CPU", hw.cpus_per_worker), ("GPU", engine_gpus(hw))))
+
+
+def needs(hw: HardwareConfig) -> str:
+    """What one worker needs against what Ray has free, as "1 CPU (0.5 free of 2)"."""
+    free, total = ray.available_resources(), ray.cluster_resources()
+    wanted = [("CPU", hw.cpus_per_worker), ("GPU", float(engine_gpus(hw)))]
+    return ", ".join(
+        f"{n:g} {name} ({free.get(name, 0.0):g} free of {total.get(name, 0.0):g})" for name, n in wanted if n > 0
+    )
 
 
 @dataclass

@@ -21,7 +21,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostErro
 from evora.config.schema import HardwareConfig
 from evora.distributed.memory_deaths import memory_killer
 from evora.distributed.payloads import SharedPayload
-from evora.distributed.placement import Placement, place_workers, worker_count
+from evora.distributed.placement import Placement, place_workers, wait_placed, worker_count
 from evora.distributed.worker import EngineWorker
 from evora.distributed.worker_spec import WorkerSpec
 from evora.engines.environment import engine_environment
@@ -114,7 +114,13 @@ class WorkerPool:
         actors: list[Any] = [  # actor handles
             remote_worker.options(**options).remote(spec, i) for i, options in enumerate(placement.options)
         ]
-        infos = ray.get([a.info.remote() for a in actors])
+        try:
+            infos = wait_placed(actors, [a.info.remote() for a in actors], hardware)
+        except BaseException:  # not placed, or failed to start: none of them is left behind
+            for actor in actors:
+                ray.kill(actor)
+            placement.release()
+            raise
         return cls(actors, infos, placement, spec, hardware.worker_replacements)
 
     def __len__(self) -> int:

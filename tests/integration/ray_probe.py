@@ -34,3 +34,12 @@ class Probe:
 
     def environment(self, names: list[str]) -> dict:
         return {name: os.environ.get(name) for name in names}
+
+
+class SlowStart(Probe):
+    """A worker whose constructor takes `seconds` (as an engine's start does): placed, not yet up."""
+
+    def __init__(self, seconds: float):
+        import time
+
+        time.sleep(seconds)

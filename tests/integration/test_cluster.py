@@ -20,13 +20,13 @@ import torch
 import yaml
 from ray.util.state import list_actors
 from ray_cluster import GPUS_PER_NODE, assert_same_result, finish, live_workers, logged, start_on, three_nodes, wait_for
-from ray_probe import Probe
+from ray_probe import Probe, SlowStart
 from safetensors.torch import load_file
 
 from conftest import ROOT, SMALL, cli_run, only_run_dir, run_evora
 from evora.distributed.launch import driver_name
-from evora.distributed.placement import place_workers, worker_count
-from evora.errors import ConfigError
+from evora.distributed.placement import place_workers, wait_placed, worker_count
+from evora.errors import ConfigError, RunError
 from evora.plan.compose import compose_run
 from evora.tracking.metrics import read_metrics
 
@@ -88,6 +88,26 @@ def test_tensor_parallel_wider_than_any_node_fails_at_once(cluster):
     hw = compose_run(["hardware=gpu", "hardware.num_workers=1", "hardware.tensor_parallel_size=3"]).hardware
     with pytest.raises(ConfigError, match=r"hardware.tensor_parallel_size=3: no node of the Ray cluster has"):
         place_workers(hw, 1)
+
+
+def test_a_worker_ray_cannot_place_fails_the_start_in_one_line_and_a_slow_one_is_waited_for(cluster):
+    hw = compose_run(["hardware=gpu", "hardware.num_workers=1", "hardware.cpus_per_worker=0.5"]).hardware
+    holders = [ray.remote(Probe).options(num_gpus=1, num_cpus=0).remote() for _ in range(3 * GPUS_PER_NODE)]
+    try:
+        ray.get([holder.where.remote() for holder in holders], timeout=120)  # every GPU held by another actor
+        actor = ray.remote(Probe).options(**place_workers(hw, 1).options[0]).remote()  # the totals suffice
+        with pytest.raises(RunError) as error:
+            wait_placed([actor], [actor.where.remote()], hw, timeout_s=1)
+        ray.kill(actor)
+    finally:
+        for holder in holders:
+            ray.kill(holder)
+    line = str(error.value)
+    assert line.startswith("1 of 1 engine worker(s) not placed by Ray after 1s: each needs 0.5 CPU (")
+    assert f"1 GPU (0 free of {3 * GPUS_PER_NODE})" in line and "\n" not in line
+    slow = ray.remote(SlowStart).options(num_cpus=0.5).remote(3.0)  # placed, its constructor still going
+    assert wait_placed([slow], [slow.where.remote()], hw, timeout_s=0.5)[0]["node"]
+    ray.kill(slow)
 
 
 def test_engine_workers_get_their_engines_environment_through_ray(cluster, tiny_path, tiny_shapes):
