@@ -178,7 +178,7 @@ def test_gpu_check(tmp_path):
     """The GPU check's own checks, on the CPU here: all pass (its goals apply on a GPU only)."""
     out = tmp_path / "gpu_check.json"
     result = run_bench("gpu_check.py", "--out", str(out))
-    report = read(out, {"device", "checks", "shapes"})
+    report = read(out, {"device", "checks", "shapes", "es_shapes"})
     names = [c["check"] for c in report["checks"]]
     assert names == [
         "noise",
@@ -190,8 +190,10 @@ def test_gpu_check(tmp_path):
         "mixture of experts",
         "memory at your model",
         "real shapes",
+        "es shapes",
     ]
-    assert [c["result"] for c in report["checks"]] == ["pass"] * 7 + ["skip", "pass"], report["checks"]
+    assert [c["result"] for c in report["checks"]] == ["pass"] * 7 + ["skip", "pass", "pass"], report["checks"]
+    assert {r["step"] for r in report["es_shapes"]} >= {"materialise per candidate", "update: workers' sums, summed"}
     assert "| check | result | detail | s |" in result.stdout  # the table to paste into a note
 
 
