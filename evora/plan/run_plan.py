@@ -112,9 +112,10 @@ def noise_device(run: RunConfig) -> str:
     """Where the engine workers draw LoRA noise: `cuda`, the engine's GPU, for a strategy that
     draws it only there (registered with device_noise=True) on GPU workers, unless
     hardware.noise_device=host; else `cpu`, the CPU's streams (validate.py refuses `device`
-    where it cannot be)."""
+    where it cannot be). A tensor-parallel engine's worker holds no GPU itself (its shards do,
+    distributed/placement.py), and writes its candidates to folders: its noise stays on the CPU."""
     hardware = run.hardware
-    if hardware.noise_device == "host" or hardware.gpus_per_worker == 0:
+    if hardware.noise_device == "host" or hardware.gpus_per_worker == 0 or hardware.tensor_parallel_size > 1:
         return "cpu"
     return "cuda" if get_strategy(run.strategy.name).device_noise else "cpu"
 

@@ -321,6 +321,13 @@ def _check_noise_device(run: RunConfig) -> None:
     if hw.noise_device == "device":
         require(hw.gpus_per_worker > 0, "hardware.noise_device", "device", "needs GPU workers (hardware=gpu)")
         require(
+            hw.tensor_parallel_size == 1,
+            "hardware.noise_device",
+            "device",
+            "needs workers that hold their GPU (hardware.tensor_parallel_size=1; a tensor-parallel "
+            "engine's shards hold it)",
+        )
+        require(
             get_strategy(run.strategy.name).device_noise,
             "hardware.noise_device",
             "device",

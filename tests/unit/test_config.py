@@ -205,6 +205,10 @@ def test_configs_are_frozen():
         ("hardware.noise_device=gpu", 'hardware.noise_device="gpu": allowed: auto, device, host'),
         ("hardware.noise_device=device", 'hardware.noise_device="device": needs GPU workers (hardware=gpu)'),
         (
+            "hardware=gpu hardware.tensor_parallel_size=2 hardware.noise_device=device",
+            'hardware.noise_device="device": needs workers that hold their GPU (hardware.tensor_parallel_size=1',
+        ),
+        (
             "hardware=gpu strategy=snes hardware.noise_device=device",
             "strategy=snes redraws its noise on the driver, so it draws on the CPU's streams; use auto or host",
         ),

@@ -60,6 +60,7 @@ class RandomOps(TorchDispatchMode):
         (["hardware=gpu", "strategy=snes"], "cpu"),  # its tell redraws the population's noise
         (["hardware=gpu", "strategy=eggroll"], "cpu"),
         (["hardware=gpu", "hardware.noise_device=host"], "cpu"),  # as runs before the switch drew
+        (["hardware=gpu", "hardware.tensor_parallel_size=2"], "cpu"),  # the worker holds no GPU itself
     ],
 )
 def test_auto_draws_on_the_engines_gpu_only_for_strategies_that_draw_only_on_workers(overrides, where):
