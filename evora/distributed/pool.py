@@ -11,6 +11,7 @@ replaced (its replacement would die alike): the run stops in one line saying so.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from typing import Any, Callable
@@ -117,9 +118,10 @@ class WorkerPool:
         try:
             infos = wait_placed(actors, [a.info.remote() for a in actors], hardware)
         except BaseException:  # not placed, or failed to start: none of them is left behind
-            for actor in actors:
-                ray.kill(actor)
-            placement.release()
+            with contextlib.suppress(Exception):  # (the error that got here is the one to report)
+                for actor in actors:
+                    ray.kill(actor)
+                placement.release()
             raise
         return cls(actors, infos, placement, spec, hardware.worker_replacements)
 
