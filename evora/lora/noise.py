@@ -4,13 +4,12 @@ Every tensor gets its own generator, so tensors of equal shape never share noise
 worker rebuilds exactly the candidate the driver means.
 
 Where it is drawn (docs/architecture.md, "Determinism rules"): on the device of the tensors it
-perturbs (a LoRA's on the engine's GPU under hardware.noise_device=auto, for strategies that draw
-only on the workers; the CPU otherwise). A
-CUDA tensor's stream comes from a CUDA generator (Philox), in milliseconds; a CPU tensor's from
-a CPU generator (mt19937), and since each tensor has a stream of its own, many tensors are drawn
-at once over the process's threads (`in_parallel`), bitwise what one thread draws. The two
-devices draw different numbers from the same key: determinism is promised per device class
-(the CPU, or one GPU model).
+perturbs (a LoRA's on the engine's GPU under hardware.noise_device=auto, for strategies that
+draw only on the workers; the CPU otherwise). A CUDA tensor's stream comes from a CUDA
+generator (Philox), in milliseconds; a CPU tensor's from a CPU generator (mt19937), and since
+each tensor has a stream of its own, many tensors are drawn at once over the process's threads
+(`in_parallel`), bitwise what one thread draws. The two devices draw different numbers from the
+same key: determinism is promised per device class (the CPU, or one GPU model).
 
 A CPU stream may also be drawn in pieces (`Stream`): a contiguous fp32 draw of n >= 16 values
 consumes the generator one value at a time and transforms blocks of 16, so pieces of a multiple
