@@ -33,6 +33,9 @@ class NoiseSums:
     generation: int
     coefficients: tuple[float, ...]  # per member (0: left out)
     groups: tuple[tuple[int, int], ...]  # [start, stop) member ranges, a pure function of the member count
+    # Per member, the coefficient of its squared noise, for updates that take sum_m d_m eps_m^2 too
+    # (SNES's and PGPE's sigma: separable.moment_group_sum); () for ES.
+    squares: tuple[float, ...] = ()
 
 
 def member_coefficients(specs: Sequence[CandidateSpec], weights: np.ndarray) -> tuple[float, ...]:

@@ -6,20 +6,23 @@ the two sums each one's update takes over a generation's members:
 
     linear  = sum_m c_m s_m          squares = sum_m d_m s_m^2     (per tensor, fp32)
 
-The driver draws each member's noise again to take them (the LoRA tensors are small beside the
-engines' work; ES's sums on the workers, `noise_sums.py`, are for its larger populations).
+Both are summed where the noise is drawn, as ES's update is (`noise_sums.py`): the workers sum
+fixed groups of members (`moment_group_sum`, on their GPU under hardware.noise_device=auto) and
+the driver adds the groups in order, so 1 and N workers, and a resume, step bitwise alike; the
+driver draws no noise.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import torch
 
-from evora.lora.noise import in_parallel, member_noise, named_values, perturbed_adapter
+from evora.lora.noise import device_of, in_parallel, member_noise, named_values, perturbed_adapter, tensors_to
 from evora.strategies.adapter_init import initial_adapter, noise_scales
+from evora.strategies.noise_sums import NoiseSums, member_groups
 from evora.strategies.protocol import CandidateSpec, StrategyContext, Tensors, clone_tensors
 
 
@@ -60,25 +63,57 @@ def candidate(run_seed: int, payload: SeparablePayload, spec: CandidateSpec) -> 
     return perturbed_adapter(payload.mu, run_seed, spec.generation, spec.member, lambda k: spec.sign * sigma[k])
 
 
-def moment_sums(
-    run_seed: int, generation: int, mu: Tensors, linear: Sequence[float], squares: Sequence[float]
-) -> tuple[Tensors, Tensors]:
-    """Per tensor, (sum_m linear[m] s_m, sum_m squares[m] s_m^2) over the generation's members,
-    each member's noise drawn once, members in order (a zero coefficient adds nothing)."""
+def moment_noise_sums(specs: Sequence[CandidateSpec], weights: np.ndarray, factor: float = 1.0) -> NoiseSums:
+    """What the workers sum for an update from the candidates' weights (in spec order): per
+    member `factor` times its signed and its plain sum of weights (`per_member`), the
+    coefficients of s_m and of s_m^2, in ES's fixed member groups."""
+    signed, plain = per_member(specs, weights)
+    return NoiseSums(
+        specs[0].generation,
+        tuple(factor * c for c in signed),
+        member_groups(len(signed)),
+        tuple(factor * d for d in plain),
+    )
+
+
+SQUARES = "#squares"  # a tensor's sum of d_m s_m^2 travels beside its linear sum, named thus
+
+
+def moment_group_sum(run_seed: int, payload: SeparablePayload, sums: NoiseSums, group: int) -> Tensors:
+    """Per tensor, sum_m c_m s_m (its name) and sum_m d_m s_m^2 (name + SQUARES) over the group's
+    members, each member's noise drawn once, members in order (zero coefficients skipped), on
+    mu's device (on the CPU, tensors at once over the process's threads)."""
+    start, stop = sums.groups[group]
+    live = [(m, sums.coefficients[m], sums.squares[m]) for m in range(start, stop)]
+    live = [(m, c, d) for m, c, d in live if c != 0.0 or d != 0.0]
 
     def summed(item: tuple[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         name, value = item
         first, second = torch.zeros_like(value), torch.zeros_like(value)
-        for member, (c, d) in enumerate(zip(linear, squares)):
-            if c == 0.0 and d == 0.0:
-                continue
-            s = member_noise(run_seed, generation, member, name, tuple(value.shape))
+        for member, c, d in live:
+            s = member_noise(run_seed, sums.generation, member, name, tuple(value.shape), value.device)
             first.add_(s, alpha=c)
             second.add_(s * s, alpha=d)
         return first, second
 
-    pairs = in_parallel(summed, list(mu.items()), cost=named_values)
-    return {k: p[0] for k, p in zip(mu, pairs)}, {k: p[1] for k, p in zip(mu, pairs)}
+    pairs = in_parallel(summed, list(payload.mu.items()), device_of(payload.mu), cost=named_values)
+    out: Tensors = {}
+    for name, (first, second) in zip(payload.mu, pairs):
+        out[name], out[name + SQUARES] = first, second
+    return out
+
+
+def split_moments(total: Tensors) -> tuple[Tensors, Tensors]:
+    """(linear, squares) per tensor from the groups' sums added (`moment_group_sum`)."""
+    linear = {k: v for k, v in total.items() if not k.endswith(SQUARES)}
+    return linear, {k: total[k + SQUARES] for k in linear}
+
+
+def payload_to(payload: Any, device: str) -> Any:
+    """A generation's payload with mu and sigma on `device`; any other payload as it is."""
+    if not isinstance(payload, SeparablePayload):
+        return payload
+    return replace(payload, mu=tensors_to(payload.mu, device), sigma=tensors_to(payload.sigma, device))
 
 
 def per_member(specs: Sequence[CandidateSpec], weights: np.ndarray) -> tuple[list[float], list[float]]:

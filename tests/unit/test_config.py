@@ -209,8 +209,8 @@ def test_configs_are_frozen():
             'hardware.noise_device="device": needs workers that hold their GPU (hardware.tensor_parallel_size=1',
         ),
         (
-            "hardware=gpu strategy=snes hardware.noise_device=device",
-            "strategy=snes redraws its noise on the driver, so it draws on the CPU's streams; use auto or host",
+            "hardware=gpu strategy=ga hardware.noise_device=device",
+            "strategy=ga redraws its noise on the driver, so it draws on the CPU's streams; use auto or host",
         ),
         ("hardware.driver_restarts=-1", "hardware.driver_restarts=-1: must be >= 0"),
         ("hardware.worker_replacements=-1", "hardware.worker_replacements=-1: must be >= 0"),

@@ -1,7 +1,7 @@
 """hardware.noise_device: where the workers draw LoRA noise. `auto` puts it on the engines' GPU
 for a strategy registered with device_noise=True, and only those: such a strategy must draw no
 noise on the driver (its `tell` cannot redraw what a GPU drew), which is checked here by
-recording every random op its ask and tell run; one that redraws (SNES) is seen doing so. A
+recording every random op its ask and tell run; one that redraws (the GA) is seen doing so. A
 payload moves to the device and back unchanged; a resume on another device class says so in one
 line. (The GPU draws themselves are checked on a GPU: `evora doctor --run`'s `es update`, and
 bench/gpu_check.py.)"""
@@ -9,6 +9,7 @@ bench/gpu_check.py.)"""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -19,10 +20,12 @@ from evora.plan.run_plan import noise_device
 from evora.selfcheck.numerics import layout, zero_lora, zscored
 from evora.strategies import get_strategy
 from evora.strategies.es import ESConfig, EvolutionStrategy
+from evora.strategies.ga import GAConfig, GeneticAlgorithm
 from evora.strategies.noise_sums import summed_locally
+from evora.strategies.pgpe import PGPEConfig
 from evora.strategies.protocol import EvalPayload, StrategyContext
 from evora.strategies.randopt import RandOpt, RandOptConfig
-from evora.strategies.snes import SNES, SNESConfig
+from evora.strategies.snes import SNESConfig
 from evora.tracking.checkpoint import device_change, noise_classes
 
 SEED = 5
@@ -57,7 +60,8 @@ class RandomOps(TorchDispatchMode):
         ([], "cpu"),  # hardware=cpu: no GPU to draw on
         (["hardware=gpu"], "cuda"),  # es: drawn only on the workers
         (["hardware=gpu", "strategy=randopt"], "cuda"),
-        (["hardware=gpu", "strategy=snes"], "cpu"),  # its tell redraws the population's noise
+        (["hardware=gpu", "strategy=snes"], "cuda"),
+        (["hardware=gpu", "strategy=ga"], "cpu"),  # its tell rebuilds the survivors on the driver
         (["hardware=gpu", "strategy=eggroll"], "cpu"),
         (["hardware=gpu", "hardware.noise_device=host"], "cpu"),  # as runs before the switch drew
         (["hardware=gpu", "hardware.tensor_parallel_size=2"], "cpu"),  # the worker holds no GPU itself
@@ -67,31 +71,38 @@ def test_auto_draws_on_the_engines_gpu_only_for_strategies_that_draw_only_on_wor
     assert noise_device(compose_run(overrides, validated=False)) == where
 
 
-def test_only_es_and_randopt_declare_device_noise():
+def test_the_strategies_that_draw_only_on_workers_are_the_summed_ones_and_randopt():
     from evora.strategies.registry import entries
 
-    assert {e.name for e in entries() if e.device_noise} == {"es", "randopt"}
-    assert get_strategy("es").summed  # its update's noise is summed on the workers too
+    assert {e.name for e in entries() if e.device_noise} == {"es", "snes", "pgpe", "randopt"}
+    assert {e.name for e in entries() if e.summed} == {"es", "snes", "pgpe"}
 
 
-def es_generation() -> tuple[EvolutionStrategy, object, list, object]:
-    es = EvolutionStrategy(ESConfig(population=8, sigma=0.1, lr=0.05), SEED)
-    state = es.start({k: torch.randn(v.shape) * 0.01 for k, v in zero_lora(layout([(12, 8)], rank=2)).items()})
-    specs, payload = es.ask(state, 0)
-    return es, state, specs, payload
+def summed_strategy(name: str) -> tuple[Any, Any]:
+    """A summed strategy and its first state over a small LoRA."""
+    lay = layout([(12, 8)], rank=2)
+    if name == "es":
+        es = EvolutionStrategy(ESConfig(population=8, sigma=0.1, lr=0.05), SEED)
+        return es, es.start({k: torch.randn(v.shape) * 0.01 for k, v in zero_lora(lay).items()})
+    config = {"snes": SNESConfig(population=8), "pgpe": PGPEConfig(population=8)}[name]
+    strategy = get_strategy(name).build(config, SEED)
+    return strategy, strategy.initial_state(StrategyContext(SEED, lay, "check"))
 
 
-def test_es_draws_no_noise_on_the_driver_and_the_workers_sums_make_its_update():
-    es, state, specs, payload = es_generation()
+@pytest.mark.parametrize("name", ["es", "snes", "pgpe"])
+def test_a_summed_strategy_draws_no_noise_on_the_driver_and_the_workers_sums_make_its_update(name):
+    strategy, state = summed_strategy(name)
+    specs, payload = strategy.ask(state, 0)
     results, _ = zscored(8)
-    sums = es.noise_sums(state, specs, results)
-    total = summed_locally(es, payload, sums)  # the workers' part
+    sums = strategy.noise_sums(state, specs, results)
+    total = summed_locally(strategy, payload, sums)  # the workers' part
     with RandomOps() as driver:
-        es.ask(state, 1)
-        told = es.tell_with(state, specs, results, total)
-        es.center(told.state)
+        strategy.ask(state, 1)
+        told = strategy.tell_with(state, specs, results, total)
+        center = strategy.center(told.state)
     assert driver.ops == []
-    assert all(torch.equal(told.state.theta[k], es.tell(state, specs, results).state.theta[k]) for k in total)
+    again = strategy.center(strategy.tell(state, specs, results).state)  # tell: the same sums, summed here
+    assert all(torch.equal(center[k], again[k]) for k in center)
 
 
 def test_randopt_draws_no_noise_on_the_driver():
@@ -107,17 +118,18 @@ def test_randopt_draws_no_noise_on_the_driver():
     assert driver.ops == []
 
 
-def test_snes_redraws_its_noise_on_the_driver_so_it_is_not_device_noise():
-    snes = SNES(SNESConfig(population=4), SEED)
-    state = snes.initial_state(StrategyContext(SEED, layout([(12, 8)], rank=2), "check"))
-    specs, _ = snes.ask(state, 0)
+def test_the_ga_rebuilds_its_survivors_on_the_driver_so_it_is_not_device_noise():
+    ga = GeneticAlgorithm(GAConfig(population=4, keep_top=1, parents=2), SEED)
+    state = ga.initial_state(StrategyContext(SEED, layout([(12, 8)], rank=2), "check"))
+    specs, _ = ga.ask(state, 0)
     with RandomOps() as driver:
-        snes.tell(state, specs, zscored(4)[0])
-    assert driver.ops and not get_strategy("snes").device_noise
+        ga.tell(state, specs, zscored(4)[0])
+    assert driver.ops and not get_strategy("ga").device_noise
 
 
 def test_a_payload_moves_to_the_noise_device_unchanged_and_an_evaluation_payload_stays():
-    es, _, specs, payload = es_generation()
+    es, state = summed_strategy("es")
+    specs, payload = es.ask(state, 0)
     moved = es.payload_to(payload, "cpu")
     assert all(torch.equal(moved.theta[k], payload.theta[k]) for k in payload.theta)
     assert all(
@@ -146,5 +158,5 @@ def test_doctor_says_where_a_runs_lora_noise_is_drawn():
 
     lora_only = SimpleNamespace(master=0)
     assert "LoRA noise on cuda (one GPU model) (" in _determinism_line(compose_run(["hardware=gpu"], False), lora_only)
-    snes = compose_run(["hardware=gpu", "strategy=snes"], False)
-    assert "LoRA noise on the CPU's streams (" in _determinism_line(snes, lora_only)
+    ga = compose_run(["hardware=gpu", "strategy=ga"], False)
+    assert "LoRA noise on the CPU's streams (" in _determinism_line(ga, lora_only)

@@ -10,6 +10,8 @@ register_strategy(
     summary="PGPE over the LoRA tensors: symmetric pairs, a sigma per value, ClipUp (Sehnke et al. 2010)",
     validate=check_pgpe,
     center="mean",
+    summed=True,  # the workers sum the members' noise and its squares (separable.moment_group_sum)
+    device_noise=True,  # drawn only on the workers: on their GPU under hardware.noise_device=auto
     report_keys=("population", "sigma", "lr", "sigma_lr", "optimizer", "shaping"),
     console_keys=(("update_norm", "|update|"), ("sigma_mean", "sigma")),
 )(PGPE)

@@ -17,12 +17,13 @@ velocity, fp32) makes resume exact.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from evora.strategies import separable
+from evora.strategies.noise_sums import NoiseSums, summed_locally
 from evora.strategies.pgpe.config import PGPEConfig
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told, tensors_norm
 from evora.strategies.separable import SeparablePayload, SeparableState
@@ -46,22 +47,38 @@ class PGPE:
     def materialise(self, payload: SeparablePayload, spec: CandidateSpec) -> Tensors:
         return separable.candidate(self.run_seed, payload, spec)
 
-    def tell(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
+    def payload_to(self, payload: Any, device: str) -> Any:
+        return separable.payload_to(payload, device)
+
+    # --- the update: the members' noise summed in groups (on the workers), then the step ----
+
+    def weights(self, results: GenerationResults) -> np.ndarray:
+        """The candidates' 0-centred utilities (in spec order)."""
         weights = shape(shaping_input(results, self.cfg.shaping), self.cfg.shaping)
         if self.cfg.shaping == "none":  # the others are 0-centred already; the update assumes it
             weights = weights - weights.mean()
-        return self.step(state, specs, weights)
+        return weights
 
-    def step(self, state: SeparableState, specs: list[CandidateSpec], weights: np.ndarray) -> Told:
-        """The update from the candidates' 0-centred utilities (in spec order)."""
-        signed, plain = separable.per_member(specs, weights)  # w+ - w-, w+ + w- per direction
-        directions = len(signed)
-        linear, squares = separable.moment_sums(
-            self.run_seed, specs[0].generation, state.mu, [c / 2 for c in signed], [d / 2 for d in plain]
-        )
-        total = sum(d / 2 for d in plain)
+    def noise_sums(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> NoiseSums:
+        # (w+ - w-) / 2 and (w+ + w-) / 2 per direction
+        return separable.moment_noise_sums(specs, self.weights(results), factor=0.5)
+
+    def group_sum(self, payload: SeparablePayload, sums: NoiseSums, group: int) -> Tensors:
+        return separable.moment_group_sum(self.run_seed, payload, sums, group)
+
+    def tell(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
+        sums = self.noise_sums(state, specs, results)
+        payload = SeparablePayload(sums.generation, state.mu, state.sigma)
+        return self.tell_with(state, specs, results, summed_locally(self, payload, sums))
+
+    def tell_with(
+        self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults, total: Tensors
+    ) -> Told:
+        linear, squares = separable.split_moments(total)
+        signed, plain = separable.per_member(specs, self.weights(results))
+        directions, spent = len(signed), sum(d / 2 for d in plain)
         g_mu = {k: state.sigma[k] * linear[k] / directions for k in state.mu}
-        g_sigma = {k: state.sigma[k] * (squares[k] - total) / directions for k in state.mu}
+        g_sigma = {k: state.sigma[k] * (squares[k] - spent) / directions for k in state.mu}
         step, velocity = self._centre_step(state, g_mu)
         mu = {k: state.mu[k] + step[k] for k in state.mu}
         sigma = {k: self._bounded(state.sigma[k], state.sigma[k] + self.cfg.sigma_lr * g_sigma[k]) for k in state.mu}

@@ -10,6 +10,8 @@ register_strategy(
     summary="separable NES over the LoRA tensors: a sigma per value, adapted (Schaul et al. 2011)",
     validate=check_snes,
     center="mean",
+    summed=True,  # the workers sum the members' noise and its squares (separable.moment_group_sum)
+    device_noise=True,  # drawn only on the workers: on their GPU under hardware.noise_device=auto
     report_keys=("population", "sigma", "lr", "sigma_lr", "shaping", "antithetic"),
     console_keys=(("update_norm", "|update|"), ("sigma_mean", "sigma")),
 )(SNES)

@@ -20,12 +20,13 @@ mu and sigma, fp32, so resume is exact.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from evora.strategies import separable
+from evora.strategies.noise_sums import NoiseSums, summed_locally
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told, tensors_norm
 from evora.strategies.separable import SeparablePayload, SeparableState
 from evora.strategies.shaping import shape, shaping_input
@@ -64,20 +65,36 @@ class SNES:
     def materialise(self, payload: SeparablePayload, spec: CandidateSpec) -> Tensors:
         return separable.candidate(self.run_seed, payload, spec)
 
+    def payload_to(self, payload: Any, device: str) -> Any:
+        return separable.payload_to(payload, device)
+
     def sigma_lr(self, state: SeparableState) -> float:
         return self.cfg.sigma_lr if self.cfg.sigma_lr is not None else paper_sigma_lr(separable.values(state.mu))
 
-    def tell(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
-        return self.step(state, specs, utilities(shaping_input(results, self.cfg.shaping), self.cfg.shaping))
+    # --- the update: the members' noise summed in groups (on the workers), then the step ----
 
-    def step(self, state: SeparableState, specs: list[CandidateSpec], utilities: np.ndarray) -> Told:
-        """The update from the candidates' utilities (in spec order)."""
-        signed, plain = separable.per_member(specs, utilities)
-        linear, squares = separable.moment_sums(self.run_seed, specs[0].generation, state.mu, signed, plain)
-        total = float(np.sum(utilities))  # sum_k u_k (s_k^2 - 1) = sum_k u_k s_k^2 - sum_k u_k
+    def utilities(self, results: GenerationResults) -> np.ndarray:
+        return utilities(shaping_input(results, self.cfg.shaping), self.cfg.shaping)
+
+    def noise_sums(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> NoiseSums:
+        return separable.moment_noise_sums(specs, self.utilities(results))
+
+    def group_sum(self, payload: SeparablePayload, sums: NoiseSums, group: int) -> Tensors:
+        return separable.moment_group_sum(self.run_seed, payload, sums, group)
+
+    def tell(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
+        sums = self.noise_sums(state, specs, results)
+        payload = SeparablePayload(sums.generation, state.mu, state.sigma)
+        return self.tell_with(state, specs, results, summed_locally(self, payload, sums))
+
+    def tell_with(
+        self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults, total: Tensors
+    ) -> Told:
+        linear, squares = separable.split_moments(total)
+        spent = float(np.sum(self.utilities(results)))  # sum_k u_k (s_k^2 - 1) = sum_k u_k s_k^2 - sum_k u_k
         lr, half = self.cfg.lr, self.sigma_lr(state) / 2
         mu = {k: state.mu[k] + lr * state.sigma[k] * linear[k] for k in state.mu}
-        sigma = {k: state.sigma[k] * torch.exp(half * (squares[k] - total)) for k in state.mu}
+        sigma = {k: state.sigma[k] * torch.exp(half * (squares[k] - spent)) for k in state.mu}
         stats = {
             "update_norm": tensors_norm({k: mu[k] - state.mu[k] for k in mu}),
             **separable.sigma_stats(sigma),
