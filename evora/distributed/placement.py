@@ -104,18 +104,24 @@ def has_process(actor: Any) -> bool:
     return not (entry and entry.get("State") == "PENDING_CREATION" and not entry.get("Pid"))
 
 
+def per_worker(hw: HardwareConfig) -> tuple[tuple[str, float], ...]:
+    """The Ray resources one worker (and its engine's shards) takes."""
+    return ("CPU", hw.cpus_per_worker), ("GPU", float(engine_gpus(hw)))
+
+
 def has_room(hw: HardwareConfig) -> bool:
     """Whether Ray has free, in sum over its nodes, what one more worker needs."""
     free = ray.available_resources()
-    return all(free.get(name, 0.0) + 1e-9 >= n for name, n in (("CPU", hw.cpus_per_worker), ("GPU", engine_gpus(hw))))
+    return all(free.get(name, 0.0) + 1e-9 >= n for name, n in per_worker(hw))
 
 
 def needs(hw: HardwareConfig) -> str:
     """What one worker needs against what Ray has free, as "1 CPU (0.5 free of 2)"."""
     free, total = ray.available_resources(), ray.cluster_resources()
-    wanted = [("CPU", hw.cpus_per_worker), ("GPU", float(engine_gpus(hw)))]
     return ", ".join(
-        f"{n:g} {name} ({free.get(name, 0.0):g} free of {total.get(name, 0.0):g})" for name, n in wanted if n > 0
+        f"{n:g} {name} ({free.get(name, 0.0):g} free of {total.get(name, 0.0):g})"
+        for name, n in per_worker(hw)
+        if n > 0
     )
 
 

@@ -14,6 +14,7 @@ driver draws no noise.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Sequence
 
@@ -22,8 +23,8 @@ import torch
 
 from evora.lora.noise import device_of, in_parallel, member_noise, named_values, perturbed_adapter, tensors_to
 from evora.strategies.adapter_init import initial_adapter, noise_scales
-from evora.strategies.noise_sums import NoiseSums, member_groups
-from evora.strategies.protocol import CandidateSpec, StrategyContext, Tensors, clone_tensors
+from evora.strategies.noise_sums import NoiseSums, member_groups, summed_locally
+from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told, clone_tensors
 
 
 @dataclass
@@ -109,13 +110,6 @@ def split_moments(total: Tensors) -> tuple[Tensors, Tensors]:
     return linear, {k: total[k + SQUARES] for k in linear}
 
 
-def payload_to(payload: Any, device: str) -> Any:
-    """A generation's payload with mu and sigma on `device`; any other payload as it is."""
-    if not isinstance(payload, SeparablePayload):
-        return payload
-    return replace(payload, mu=tensors_to(payload.mu, device), sigma=tensors_to(payload.sigma, device))
-
-
 def per_member(specs: Sequence[CandidateSpec], weights: np.ndarray) -> tuple[list[float], list[float]]:
     """(sum of sign * w, sum of w) over each member's candidates: the coefficients of s_m and of
     s_m^2 in sum_k w_k s_k and sum_k w_k s_k^2 (s_k = sign_k s_m)."""
@@ -135,3 +129,52 @@ def sigma_stats(sigma: Tensors) -> dict[str, float]:
     """The spread of the standard deviations, for metrics.jsonl."""
     flat = torch.cat([t.reshape(-1) for t in sigma.values()]).double()
     return {"sigma_mean": float(flat.mean()), "sigma_min": float(flat.min()), "sigma_max": float(flat.max())}
+
+
+class SeparableSearch(ABC):
+    """What SNES and PGPE share: candidates rebuilt from seeds, the moment sums summed in groups
+    where the noise is drawn (a noise_sums.SummedStrategy and a DeviceNoiseStrategy), and `tell`
+    as `tell_with` over the groups summed in this process. Each has its own start and population
+    (`initial_state`, `ask`), its sums' coefficients (`noise_sums`) and its step (`tell_with`)."""
+
+    state_type: ClassVar[type] = SeparableState
+
+    def __init__(self, cfg: Any, run_seed: int):
+        self.cfg = cfg
+        self.run_seed = run_seed
+
+    def materialise(self, payload: SeparablePayload, spec: CandidateSpec) -> Tensors:
+        return candidate(self.run_seed, payload, spec)
+
+    def payload_to(self, payload: Any, device: str) -> Any:
+        """A generation's payload with mu and sigma on `device`; any other payload as it is."""
+        if not isinstance(payload, SeparablePayload):
+            return payload
+        return replace(payload, mu=tensors_to(payload.mu, device), sigma=tensors_to(payload.sigma, device))
+
+    def group_sum(self, payload: SeparablePayload, sums: NoiseSums, group: int) -> Tensors:
+        return moment_group_sum(self.run_seed, payload, sums, group)
+
+    def tell(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
+        sums = self.noise_sums(state, specs, results)
+        payload = SeparablePayload(sums.generation, state.mu, state.sigma)
+        return self.tell_with(state, specs, results, summed_locally(self, payload, sums))
+
+    @abstractmethod
+    def initial_state(self, context: StrategyContext) -> SeparableState: ...
+
+    @abstractmethod
+    def ask(self, state: SeparableState, generation: int) -> tuple[list[CandidateSpec], SeparablePayload]: ...
+
+    @abstractmethod
+    def noise_sums(
+        self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults
+    ) -> NoiseSums: ...
+
+    @abstractmethod
+    def tell_with(
+        self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults, total: Tensors
+    ) -> Told: ...
+
+    def center(self, state: SeparableState) -> Tensors:
+        return state.mu

@@ -17,25 +17,19 @@ velocity, fp32) makes resume exact.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
 import numpy as np
 import torch
 
 from evora.strategies import separable
-from evora.strategies.noise_sums import NoiseSums, summed_locally
+from evora.strategies.noise_sums import NoiseSums
 from evora.strategies.pgpe.config import PGPEConfig
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told, tensors_norm
 from evora.strategies.separable import SeparablePayload, SeparableState
 from evora.strategies.shaping import shape, shaping_input
 
 
-class PGPE:
-    state_type: ClassVar[type] = SeparableState
-
-    def __init__(self, cfg: PGPEConfig, run_seed: int):
-        self.cfg = cfg
-        self.run_seed = run_seed
+class PGPE(separable.SeparableSearch):
+    cfg: PGPEConfig
 
     def initial_state(self, context: StrategyContext) -> SeparableState:
         return separable.initial_state(self.cfg, context, velocity=self.cfg.optimizer == "clipup")
@@ -43,12 +37,6 @@ class PGPE:
     def ask(self, state: SeparableState, generation: int) -> tuple[list[CandidateSpec], SeparablePayload]:
         specs = separable.population(self.cfg.population, generation, antithetic=True)
         return specs, SeparablePayload(generation, state.mu, state.sigma)
-
-    def materialise(self, payload: SeparablePayload, spec: CandidateSpec) -> Tensors:
-        return separable.candidate(self.run_seed, payload, spec)
-
-    def payload_to(self, payload: Any, device: str) -> Any:
-        return separable.payload_to(payload, device)
 
     # --- the update: the members' noise summed in groups (on the workers), then the step ----
 
@@ -62,14 +50,6 @@ class PGPE:
     def noise_sums(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> NoiseSums:
         # (w+ - w-) / 2 and (w+ + w-) / 2 per direction
         return separable.moment_noise_sums(specs, self.weights(results), factor=0.5)
-
-    def group_sum(self, payload: SeparablePayload, sums: NoiseSums, group: int) -> Tensors:
-        return separable.moment_group_sum(self.run_seed, payload, sums, group)
-
-    def tell(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
-        sums = self.noise_sums(state, specs, results)
-        payload = SeparablePayload(sums.generation, state.mu, state.sigma)
-        return self.tell_with(state, specs, results, summed_locally(self, payload, sums))
 
     def tell_with(
         self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults, total: Tensors
@@ -104,6 +84,3 @@ class PGPE:
         if change is None:
             return new
         return torch.minimum(torch.maximum(new, old - change * old.abs()), old + change * old.abs())
-
-    def center(self, state: SeparableState) -> Tensors:
-        return state.mu

@@ -20,13 +20,12 @@ mu and sigma, fp32, so resume is exact.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from evora.strategies import separable
-from evora.strategies.noise_sums import NoiseSums, summed_locally
+from evora.strategies.noise_sums import NoiseSums
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Tensors, Told, tensors_norm
 from evora.strategies.separable import SeparablePayload, SeparableState
 from evora.strategies.shaping import shape, shaping_input
@@ -48,12 +47,8 @@ def utilities(fitness: np.ndarray, shaping: str) -> np.ndarray:
     return weights / total if total > 0 else weights
 
 
-class SNES:
-    state_type: ClassVar[type] = SeparableState
-
-    def __init__(self, cfg: SNESConfig, run_seed: int):
-        self.cfg = cfg
-        self.run_seed = run_seed
+class SNES(separable.SeparableSearch):
+    cfg: SNESConfig
 
     def initial_state(self, context: StrategyContext) -> SeparableState:
         return separable.initial_state(self.cfg, context)
@@ -61,12 +56,6 @@ class SNES:
     def ask(self, state: SeparableState, generation: int) -> tuple[list[CandidateSpec], SeparablePayload]:
         specs = separable.population(self.cfg.population, generation, self.cfg.antithetic)
         return specs, SeparablePayload(generation, state.mu, state.sigma)
-
-    def materialise(self, payload: SeparablePayload, spec: CandidateSpec) -> Tensors:
-        return separable.candidate(self.run_seed, payload, spec)
-
-    def payload_to(self, payload: Any, device: str) -> Any:
-        return separable.payload_to(payload, device)
 
     def sigma_lr(self, state: SeparableState) -> float:
         return self.cfg.sigma_lr if self.cfg.sigma_lr is not None else paper_sigma_lr(separable.values(state.mu))
@@ -78,14 +67,6 @@ class SNES:
 
     def noise_sums(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> NoiseSums:
         return separable.moment_noise_sums(specs, self.utilities(results))
-
-    def group_sum(self, payload: SeparablePayload, sums: NoiseSums, group: int) -> Tensors:
-        return separable.moment_group_sum(self.run_seed, payload, sums, group)
-
-    def tell(self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults) -> Told:
-        sums = self.noise_sums(state, specs, results)
-        payload = SeparablePayload(sums.generation, state.mu, state.sigma)
-        return self.tell_with(state, specs, results, summed_locally(self, payload, sums))
 
     def tell_with(
         self, state: SeparableState, specs: list[CandidateSpec], results: GenerationResults, total: Tensors
@@ -100,6 +81,3 @@ class SNES:
             **separable.sigma_stats(sigma),
         }
         return Told(SeparableState(mu, sigma, state.step + 1), stats)
-
-    def center(self, state: SeparableState) -> Tensors:
-        return state.mu
