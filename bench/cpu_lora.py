@@ -23,9 +23,17 @@ one LoRA product y += (x A^T) B^T per row with its adapter's (A, B), by
   vLLM          vLLM's own torch ops: a weight gathered for every row, then an einsum
   base layer    the layer's own matmul x W^T, for scale (and the LoRA's FLOPs against it)
 
+Then the op's share at real widths: a decoder layer's four LoRA products in an uneven decode
+step against the layer's four base matmuls, at the bench model's widths and at Qwen2.5-1.5B's
+and -7B's (random tensors of those widths, bench/real_shapes.py's shapes; --width-repeats
+timed repeats). LoRA's FLOPs fall with the width (rank 8 against a hidden size of 512, 1,536,
+3,584) and so does the op's share of a step's matmuls: the bench model's share is the upper
+bound of what multi-LoRA costs over base-only generation (bench/throughput.py).
+
 Results: bench/results/cpu_lora.json. --smoke (CI: tests/integration/test_benches.py) measures
-every layer, batch shape and op with 2 adapters and one timed repeat; its figures mean nothing,
-and it writes to --out, by default a file in a new temporary folder, never over bench/results.
+every layer, batch shape and op with 2 adapters and one timed repeat, and the widths table at
+the bench model's and Qwen2.5-0.5B's widths; its figures mean nothing, and it writes to --out,
+by default a file in a new temporary folder, never over bench/results.
 """
 
 from __future__ import annotations
@@ -33,16 +41,35 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from bench_model import median_seconds
+from real_shapes import MODELS, Shape
 
 from evora.engines import vllm_cpu_lora as grouped_ops
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SMOKE = {"adapters": 2, "repeats": 1}  # --smoke: every layer, shape and op, at the least size
-LAYERS = {"qkv": (512, (512, 256, 256)), "o": (512, (512,)), "gate_up": (512, (1536, 1536)), "down": (1536, (512,))}
+BENCH_MODEL = Shape(512, 8, 4, 64, 8, intermediate=1536)  # bench_model.py's Llama
+WIDTHS = {"bench model": BENCH_MODEL, "Qwen2.5-1.5B": MODELS["qwen2.5-1.5b"], "Qwen2.5-7B": MODELS["qwen2.5-7b"]}
+SMOKE_WIDTHS = {"bench model": BENCH_MODEL, "Qwen2.5-0.5B": Shape(896, 14, 2, 64, 24, intermediate=4864)}
+# --smoke: every layer, shape and op, at the least size
+SMOKE = {"adapters": 2, "repeats": 1, "width_repeats": 1}
+
+
+def layers_of(shape: Shape) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """A decoder layer's LoRA layers as vLLM fuses them: (input width, output slices)."""
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    return {
+        "qkv": (shape.hidden, (q, kv, kv)),
+        "o": (q, (shape.hidden,)),
+        "gate_up": (shape.hidden, (shape.intermediate, shape.intermediate)),
+        "down": (shape.intermediate, (shape.hidden,)),
+    }
+
+
+LAYERS = layers_of(BENCH_MODEL)
 
 
 def batch_indices(shape: str, adapters: int, generator: torch.Generator) -> torch.Tensor:
@@ -103,26 +130,58 @@ def per_row_ops(ops, x, indices, lora_a, lora_b, slices, y):
     return run
 
 
-def measure(layer: str, shape: str, args: argparse.Namespace) -> dict:
-    from vllm.lora.ops import torch_ops as vllm_ops
+@dataclass(frozen=True)
+class LayerCase:
+    """One LoRA layer's inputs for a batch: vLLM's stacked weights over 2 x adapters slots, the
+    rows' slots, the rows, the output, the base weight, and evora's grouping and arrangement."""
 
-    generator = torch.Generator().manual_seed(0)
-    width, slices = LAYERS[layer]
+    lora_a: tuple[torch.Tensor, ...]
+    lora_b: tuple[torch.Tensor, ...]
+    slices: tuple[int, ...]
+    indices: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+    base: torch.Tensor
+    groups: grouped_ops.StepGroups
+    weights: grouped_ops.GroupedWeights
+
+    def evora_us(self, repeats: int) -> float:
+        def op() -> None:
+            grouped_ops.grouped_lora_linear(self.y, self.x, self.groups, self.weights, 1.0)
+
+        return median_us(op, repeats)
+
+    def base_us(self, repeats: int) -> float:
+        return median_us(lambda: self.x @ self.base.T, repeats)
+
+
+def layer_case(width: int, slices: tuple[int, ...], indices: torch.Tensor, args, generator) -> LayerCase:
     slots = 2 * args.adapters
     lora_a = tuple(torch.randn(slots, 1, args.rank, width, generator=generator) for _ in slices)
     lora_b = tuple(torch.randn(slots, 1, size, args.rank, generator=generator) for size in slices)
-    indices = batch_indices(shape, args.adapters, generator)
     x = torch.randn(indices.numel(), width, generator=generator)
     y = torch.zeros(indices.numel(), sum(slices))
     base = torch.randn(sum(slices), width, generator=generator)
     groups = grouped_ops.step_groups(indices, list(range(100, 100 + slots)))
     weights = grouped_ops.grouped_weights(lora_a, lora_b, groups, slices, torch.float32)
+    return LayerCase(lora_a, lora_b, slices, indices, x, y, base, groups, weights)
+
+
+def measure(layer: str, shape: str, args: argparse.Namespace) -> dict:
+    from vllm.lora.ops import torch_ops as vllm_ops
+
+    generator = torch.Generator().manual_seed(0)
+    width, slices = LAYERS[layer]
+    indices = batch_indices(shape, args.adapters, generator)
+    case = layer_case(width, slices, indices, args, generator)
+    x, y, groups, weights, lora_a, lora_b = case.x, case.y, case.groups, case.weights, case.lora_a, case.lora_b
+    slots = 2 * args.adapters
     times = {
-        "evora": median_us(lambda: grouped_ops.grouped_lora_linear(y, x, groups, weights, 1.0), args.repeats),
+        "evora": case.evora_us(args.repeats),
         "its_matmuls": median_us(matmuls_only(x, groups, weights, y), args.repeats),
         "per_adapter": median_us(per_row_ops(grouped_ops, x, indices, lora_a, lora_b, slices, y), args.repeats),
         "vllm": median_us(per_row_ops(vllm_ops, x, indices, lora_a, lora_b, slices, y), args.repeats),
-        "base_layer": median_us(lambda: x @ base.T, args.repeats),
+        "base_layer": case.base_us(args.repeats),
         "grouping_per_step": median_us(lambda: grouped_ops.step_groups(indices, list(range(slots))), args.repeats),
     }
     flops_lora = 2 * indices.numel() * args.rank * (len(slices) * width + sum(slices))
@@ -135,6 +194,54 @@ def measure(layer: str, shape: str, args: argparse.Namespace) -> dict:
         "lora_share_of_flops": flops_lora / (2 * indices.numel() * width * sum(slices)),
         "lora_time_vs_base_layer": times["evora"] / times["base_layer"],
     }
+
+
+def measure_width(name: str, shape: Shape, args: argparse.Namespace) -> dict:
+    """One decoder layer's four LoRA products in an uneven decode step, against its four base
+    matmuls, at `shape`'s widths (the same rows and groups at every width)."""
+    generator = torch.Generator().manual_seed(0)
+    indices = batch_indices("decode, uneven", args.adapters, generator)
+    evora = base = 0.0
+    for width, slices in layers_of(shape).values():
+        case = layer_case(width, slices, indices, args, generator)
+        evora += case.evora_us(args.width_repeats)
+        base += case.base_us(args.width_repeats)
+        del case  # 7B's gate_up weight alone is 0.5 GB in fp32
+    flops_lora = sum(2 * args.rank * (len(slices) * width + sum(slices)) for width, slices in layers_of(shape).values())
+    flops_base = sum(2 * width * sum(slices) for width, slices in layers_of(shape).values())
+    return {
+        "model": name,
+        "hidden": shape.hidden,
+        "intermediate": shape.intermediate,
+        "rows": indices.numel(),
+        "evora_microseconds": evora,
+        "base_layers_microseconds": base,
+        "lora_share_of_flops": flops_lora / flops_base,
+        "evora_vs_base_layers": evora / base,
+    }
+
+
+def print_widths(widths: list[dict], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"a decoder layer's LoRA products in an uneven decode step against its base matmuls: "
+        f"{args.adapters} adapters, rank {args.rank}, {args.threads} threads (microseconds)"
+    )
+    for column in ("model", "hidden", "rows", "evora", "base layers", "LoRA FLOPs / base", "evora / base"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for w in widths:
+        table.add_row(
+            w["model"],
+            str(w["hidden"]),
+            str(w["rows"]),
+            f"{w['evora_microseconds']:.0f}",
+            f"{w['base_layers_microseconds']:.0f}",
+            f"{w['lora_share_of_flops']:.1%}",
+            f"{w['evora_vs_base_layers']:.1%}",
+        )
+    Console(width=170).print(table)
 
 
 def print_table(rows: list[dict], args: argparse.Namespace) -> None:
@@ -184,6 +291,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--width-repeats", type=int, default=10, help="timed repeats of the widths table")
     parser.add_argument(
         "--out", help="the results file (default: bench/results/cpu_lora.json; --smoke: in a temporary folder)"
     )
@@ -199,11 +307,16 @@ def main() -> None:
     shapes = ("decode, uniform", "decode, uneven", "prefill")
     rows = [measure(layer, shape, args) for shape in shapes for layer in LAYERS]
     print_table(rows, args)
+    widths = [measure_width(name, shape, args) for name, shape in (SMOKE_WIDTHS if args.smoke else WIDTHS).items()]
+    print_widths(widths, args)
     worst = max(r["evora_vs_its_matmuls"] for r in rows)
     report = {"setup": vars(args), "rows": rows, "worst_evora_vs_its_matmuls": worst, "target": "<= 1.5"}
+    report["widths"] = widths
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"evora's op at most {worst:.2f}x the matmuls it performs (target <= 1.5); wrote {args.out}")
+    shares = ", ".join(f"{w['model']} {w['evora_vs_base_layers']:.1%}" for w in widths)
+    print(f"the op against a decoder layer's base matmuls, uneven decode: {shares}")
 
 
 if __name__ == "__main__":

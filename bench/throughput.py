@@ -62,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,35 @@ def previous_implementation(engine: Any) -> None:
     engine.loads_from_memory = False
 
 
+class OpClock:
+    """The seconds evora's CPU multi-LoRA op takes (`vllm_cpu_lora.grouped_lora_linear`, which
+    vLLM's patched punica wrapper calls by module attribute) while `timing()` is open, and the
+    seconds `timing()` was open: where evora's time beyond base-only goes on vLLM's CPU build
+    (the op is not used on a GPU, where this reads 0)."""
+
+    def __init__(self) -> None:
+        self.op_seconds = self.open_seconds = 0.0
+
+    @contextmanager
+    def timing(self):
+        from evora.engines import vllm_cpu_lora
+
+        op = vllm_cpu_lora.grouped_lora_linear
+
+        def timed_op(*args: Any) -> None:
+            start = time.perf_counter()
+            op(*args)
+            self.op_seconds += time.perf_counter() - start
+
+        vllm_cpu_lora.grouped_lora_linear = timed_op
+        opened = time.perf_counter()
+        try:
+            yield
+        finally:
+            vllm_cpu_lora.grouped_lora_linear = op
+            self.open_seconds += time.perf_counter() - opened
+
+
 def measure_paths(model: str, args: argparse.Namespace, workload: Workload) -> dict:
     """evora (both unit modes), the base limit and the seeds' way, on the same sequences."""
     from evora.distributed.units import search_units
@@ -225,10 +255,13 @@ def measure_paths(model: str, args: argparse.Namespace, workload: Workload) -> d
     generations = iter(range(10**6))
     worker.engine.generate([worker.prompt_ids("train", 0)], [None], 2)  # warm-up
 
+    clock = OpClock()
+
     def evora(units: str):
         specs, payload = worker.strategy.ask(state, next(generations))
         cut = search_units(specs, prompts, units, workload.max_loras, workers=1)  # the search's own cut
-        return [worker.evaluate(payload, WorkUnit(tuple(c), "train", p)) for c, p in cut]
+        with clock.timing():
+            return [worker.evaluate(payload, WorkUnit(tuple(c), "train", p)) for c, p in cut]
 
     specs, payload = worker.strategy.ask(state, 0)
     texts = [worker.prompt_ids("train", i) for i in prompts]
@@ -243,7 +276,7 @@ def measure_paths(model: str, args: argparse.Namespace, workload: Workload) -> d
     assert tokens == sum(limits) == sum(c.num_tokens for c in results["base_only"])  # the same sequences
     assert "evora_whole" not in results or tokens == int(sum(r.tokens.sum() for r in results["evora_whole"]))
     fixed = results["evora"]
-    print_first(seconds, tokens)
+    print_first(seconds, tokens, clock.op_seconds / clock.open_seconds)
     wanted = workload.seeds_way_adapters if args.seeds_way_adapters is None else args.seeds_way_adapters
     sampled = min(len(specs), wanted or len(specs))
     seeds_seconds = seeds_way(worker, specs[:sampled], payload, texts, limits[: sampled * len(texts)], model, args)
@@ -258,16 +291,18 @@ def measure_paths(model: str, args: argparse.Namespace, workload: Workload) -> d
         "seeds_way_adapters": sampled,
         "evora_timings": timings,
         "materialise_share_of_evaluate": timings["materialise"] / sum(timings.values()),
+        "lora_op_share_of_evaluate": clock.op_seconds / clock.open_seconds,
     }
 
 
-def print_first(seconds: dict[str, float], tokens: int) -> None:
+def print_first(seconds: dict[str, float], tokens: int, op_share: float) -> None:
     """evora's ratio to the base-model-only limit, as soon as it is measured (the rest of the
-    bench takes minutes more)."""
+    bench takes minutes more), and the CPU multi-LoRA op's share of evora's time."""
     units = {"evora": "engine.units=fixed", "evora_whole": "engine.units=whole"}
     ratios = [f"{seconds['base_only'] / seconds[path]:.3f} ({units[path]})" for path in units if path in seconds]
     print(
-        f"evora / base-only limit: {', '.join(ratios)}; base-only {tokens / seconds['base_only']:,.0f} tokens/s",
+        f"evora / base-only limit: {', '.join(ratios)}; base-only {tokens / seconds['base_only']:,.0f} tokens/s; "
+        f"the CPU multi-LoRA op {op_share:.1%} of evora's time",
         flush=True,
     )
 
@@ -488,6 +523,8 @@ def print_tables(report: dict) -> None:
     shown = "not measured (--no-overhead)" if share is None else f"{share:.1%}"
     table.add_row("share of a CLI generation outside generate", "", "", shown)
     table.add_row("materialise share of evora's evaluate", "", "", f"{measured['materialise_share_of_evaluate']:.1%}")
+    op_share = measured["lora_op_share_of_evaluate"]
+    table.add_row("CPU multi-LoRA op's share of evora's evaluate", "", "", f"{op_share:.1%}")
     console = Console(width=150)
     console.print(table)
     if report.get("round_trip"):

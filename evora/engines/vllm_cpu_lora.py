@@ -26,6 +26,7 @@ written for.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -40,6 +41,11 @@ REPLACED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "s
 # long, unequal groups, where padding them to one length would waste more than the calls
 # cost); shorter ones as one padded, batched pair of matmuls for all groups (decode).
 LOOP_ROWS = 64
+# The padded path makes its buffers (gathered inputs, products) a few groups at a time, each
+# under this size: glibc maps a buffer over its mmap threshold (at most 32 MiB) afresh on every
+# call and faults it in page by page, which made the op 2.5x slower at Qwen2.5-1.5B's widths
+# (bench/cpu_lora.py's widths table).
+CHUNK_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -50,8 +56,8 @@ class StepGroups:
       population in decode); x is viewed as [G, length, in] as it is;
     - `length` > 0: the rows are gathered into G groups padded to `length` cells each
       (`gather`: the row behind each cell, group-major; a padding cell repeats a real row and
-      `keep` zeroes its product) and multiplied batched; the products go back by `inverse`
-      (each row's cell) when every row has an adapter, else are added at their rows;
+      `keep` zeroes its product) and multiplied batched, a chunk of groups at a time; the
+      products are added at their rows;
     - `length` 0, `gather` None: long runs of one slot each (prefill: a prompt's tokens),
       multiplied run by run in place (`runs`: start, end and group of each);
     - `length` 0: the rows gathered by slot without padding (`gather`), multiplied group by
@@ -64,7 +70,6 @@ class StepGroups:
     length: int
     gather: torch.Tensor | None = None
     keep: torch.Tensor | None = None  # [G, length, 1] fp32: 1 a real cell, 0 padding
-    inverse: torch.Tensor | None = None
     runs: tuple[tuple[int, int, int], ...] = ()
 
     def weights_key(self, dtype: torch.dtype) -> tuple:
@@ -100,7 +105,6 @@ def _gathered(indices: torch.Tensor, named: Named) -> StepGroups:
     order = torch.argsort(indices, stable=True)
     order = order[indices[order] >= 0]
     counts = torch.unique_consecutive(indices[order], return_counts=True)[1]
-    everyone = order.numel() == indices.numel()  # every row has an adapter
     if order.numel() >= LOOP_ROWS * counts.numel():  # (index_add_ beats a gather back at these sizes)
         ends = torch.cumsum(counts, 0).tolist()
         return StepGroups(
@@ -111,13 +115,8 @@ def _gathered(indices: torch.Tensor, named: Named) -> StepGroups:
     real = offsets[None, :] < counts[:, None]  # [G, length]
     cells = (torch.cumsum(counts, 0) - counts)[:, None] + offsets[None, :]
     gather = order[cells.clamp(max=order.numel() - 1)].flatten()
-    inverse = None
-    if everyone:
-        inverse = torch.empty_like(order).index_copy_(
-            0, gather[real.flatten()], torch.arange(real.numel())[real.flatten()]
-        )
-    keep = None if bool(real.all()) or everyone else real.to(torch.float32).unsqueeze(-1)
-    return StepGroups(*named, length, gather, keep, inverse)
+    keep = None if bool(real.all()) else real.to(torch.float32).unsqueeze(-1)
+    return StepGroups(*named, length, gather, keep)
 
 
 @dataclass(frozen=True)
@@ -159,27 +158,45 @@ def grouped_lora_linear(
     inputs = x.reshape(-1, x.shape[-1])
     if inputs.dtype != torch.float32:  # vLLM's shrink buffer is fp32
         inputs = inputs.float()
-    if groups.gather is not None:
-        inputs = inputs.index_select(0, groups.gather)
     out = y.view(-1, y.shape[-1])
     if not groups.length:
+        if groups.gather is not None:
+            inputs = inputs.index_select(0, groups.gather)
         _run_by_run(out, inputs, groups, weights, scale)
-        return
-    count, length = len(groups.slots), groups.length
-    shrunk = torch.bmm(inputs.view(count, length, -1), weights.a.transpose(1, 2))
+    elif groups.gather is None:  # equal runs: x and y viewed as [G, length, ...], y added in place
+        count, length = len(groups.slots), groups.length
+        shrunk = _shrink(inputs.view(count, length, -1), weights.a, scale, None, y.dtype)
+        out.view(count, length, -1).baddbmm_(shrunk, weights.b)
+    else:
+        _padded(out, inputs, groups, weights, scale)
+
+
+def _shrink(
+    inputs: torch.Tensor, a: torch.Tensor, scale: float, keep: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """[G, length, S r] = inputs @ A^T * scale, padding cells zeroed, in the output's dtype."""
+    shrunk = torch.bmm(inputs, a.transpose(1, 2))
     if scale != 1.0:
         shrunk.mul_(scale)
-    if groups.keep is not None:
-        shrunk.mul_(groups.keep)  # padding cells add nothing back
-    shrunk = shrunk.to(y.dtype)
-    if groups.gather is None:
-        out.view(count, length, -1).baddbmm_(shrunk, weights.b)
-        return
-    products = torch.bmm(shrunk, weights.b).view(count * length, -1)
-    if groups.inverse is not None:
-        out.add_(products.index_select(0, groups.inverse))
-    else:
-        out.index_add_(0, groups.gather, products)
+    if keep is not None:
+        shrunk.mul_(keep)  # padding cells add nothing back
+    return shrunk.to(dtype)
+
+
+def _padded(out: torch.Tensor, inputs: torch.Tensor, groups: StepGroups, weights: GroupedWeights, scale: float) -> None:
+    """Gathered groups padded to one length, a chunk of groups at a time (its gathered inputs and
+    products each under CHUNK_BYTES), the products added at their rows."""
+    length, count = groups.length, len(groups.slots)
+    row_bytes = max(inputs.shape[1] * inputs.element_size(), out.shape[1] * out.element_size())
+    step = max(1, CHUNK_BYTES // (length * row_bytes))
+    gather = cast(torch.Tensor, groups.gather)
+    for first in range(0, count, step):
+        last = min(first + step, count)
+        cells = gather[first * length : last * length]
+        keep = None if groups.keep is None else groups.keep[first:last]
+        rows = inputs.index_select(0, cells).view(last - first, length, -1)
+        shrunk = _shrink(rows, weights.a[first:last], scale, keep, out.dtype)
+        out.index_add_(0, cells, torch.bmm(shrunk, weights.b[first:last]).view(-1, out.shape[1]))
 
 
 def _run_by_run(

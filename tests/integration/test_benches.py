@@ -70,6 +70,7 @@ def test_throughput(tmp_path):
     assert set(report["tokens_per_second"]) == {"evora", "evora_whole", "seeds_way", "base_only"}
     assert all(v > 0 for v in report["tokens_per_second"].values()), report["tokens_per_second"]
     assert 0 < measured["materialise_share_of_evaluate"] < 1
+    assert 0 < measured["lora_op_share_of_evaluate"] < 1  # vLLM's CPU build runs evora's op
     assert not report["setup"]["overhead"]  # --smoke leaves the CLI run out (a minute of start-up)
     assert set(report["round_trip"]) == {"Qwen2.5-0.5B"}
     assert (tmp_path / "throughput.png").is_file()
@@ -81,6 +82,10 @@ def test_cpu_lora(tmp_path):
     report = read(out, {"setup", "rows", "worst_evora_vs_its_matmuls", "target"})
     assert len(report["rows"]) == 12  # 4 layers x 3 batch shapes
     assert all(t > 0 for row in report["rows"] for t in row["microseconds"].values())
+    widths = report["widths"]  # the op against a decoder layer's base matmuls, at the smoke's widths
+    assert [w["model"] for w in widths] == ["bench model", "Qwen2.5-0.5B"]
+    assert all(w["evora_microseconds"] > 0 and w["base_layers_microseconds"] > 0 for w in widths)
+    assert widths[0]["lora_share_of_flops"] > widths[1]["lora_share_of_flops"]  # LoRA's FLOPs fall with width
 
 
 def test_eggroll(tmp_path):

@@ -116,6 +116,27 @@ def test_grouped_lora_linear_equals_the_row_by_row_products(indices, viewed):
     assert torch.allclose(y.double() - 1, dense_reference(x, idx, lora_a, lora_b, 0.5), atol=1e-5)
 
 
+def test_padded_groups_are_multiplied_a_chunk_of_groups_at_a_time(monkeypatch):
+    """Groups whose padded buffers would pass CHUNK_BYTES go a few at a time (glibc maps a big
+    buffer afresh on every call): the same products, base rows untouched."""
+    import evora.engines.vllm_cpu_lora as ops
+
+    lora_a, lora_b = stacked_weights(6)
+    idx = torch.tensor([1, 3, 1, 0, 3, 2, -1, 4, 1, 4])
+    groups = ops.step_groups(idx, list(range(MAX_LORAS)))
+    assert groups.length == 3 and groups.gather is not None and groups.keep is not None  # padded
+    x = torch.randn(len(idx), IN, generator=torch.Generator().manual_seed(7))
+    weights = ops.grouped_weights(lora_a, lora_b, groups, SLICES, torch.float32)
+    calls = []
+    bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda *args, **kw: calls.append(args[0].shape[0]) or bmm(*args, **kw))
+    monkeypatch.setattr(ops, "CHUNK_BYTES", 3 * 2 * sum(SLICES) * 4)  # two groups' products a chunk
+    y = torch.ones(len(idx), sum(SLICES))
+    ops.grouped_lora_linear(y, x, groups, weights, 0.5)
+    assert calls == [2, 2, 2, 2, 1, 1]  # 5 groups: shrink and expand for 2, 2 and 1
+    assert torch.allclose(y.double() - 1, dense_reference(x, idx, lora_a, lora_b, 0.5), atol=1e-5)
+
+
 def long_rows(shape: str) -> list[int]:
     """Prefill-like: slots 4 and 1 with 70 and 90 rows (and 20 base rows), as runs or interleaved."""
     rows = [4] * 70 + [-1] * 20 + [1] * 90
