@@ -72,10 +72,10 @@ def wait_placed(
     """`refs` (the `actors`' first answers) once every worker has started. Ray queues a worker it
     cannot place (the CPUs or GPUs it needs held by other actors or jobs) without a word, and it
     would wait for ever: every `timeout_s` that some have not answered, if Ray has placed not all
-    of those and has not free what one needs, the start fails in one line naming what is free
-    against what one needs. Engines only slow to start have a process, and workers Ray has the
-    room for will get one: both are waited for. (Room free in sum but split between nodes, a
-    node's CPUs beside another's GPU, is waited for too, as Ray does.)"""
+    of those and no node has free what one needs, the start fails in one line naming what is
+    free against what one needs (room free in sum but split between nodes, a node's CPUs beside
+    another's GPU, places no worker). Engines only slow to start have a process, and workers Ray
+    has the room for will get one: both are waited for."""
     pending = dict(zip(refs, actors))
     while pending:
         _, left = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
@@ -109,20 +109,40 @@ def per_worker(hw: HardwareConfig) -> tuple[tuple[str, float], ...]:
     return ("CPU", hw.cpus_per_worker), ("GPU", float(engine_gpus(hw)))
 
 
-def has_room(hw: HardwareConfig) -> bool:
-    """Whether Ray has free, in sum over its nodes, what one more worker needs."""
-    free = ray.available_resources()
+def fits(free: dict[str, float], hw: HardwareConfig) -> bool:
+    """Whether `free` resources hold what one worker needs."""
     return all(free.get(name, 0.0) + 1e-9 >= n for name, n in per_worker(hw))
 
 
+def free_per_node() -> list[dict[str, float]] | None:
+    """Each live node's free resources, from Ray's developer API (written for Ray 2.60); None
+    where it cannot be read."""
+    try:
+        from ray._private.state import available_resources_per_node
+
+        return list(available_resources_per_node().values())
+    except Exception:  # another Ray's developer API: judge by the sum
+        return None
+
+
+def has_room(hw: HardwareConfig) -> bool:
+    """Whether one of Ray's nodes has free what one more worker needs (the sum over the nodes,
+    where Ray's per-node table cannot be read)."""
+    nodes = free_per_node()
+    return fits(ray.available_resources(), hw) if nodes is None else any(fits(free, hw) for free in nodes)
+
+
 def needs(hw: HardwareConfig) -> str:
-    """What one worker needs against what Ray has free, as "1 CPU (0.5 free of 2)"."""
+    """What one worker needs against what Ray has free, as "1 CPU (0.5 free of 2)", and whether
+    the free room is split between nodes."""
     free, total = ray.available_resources(), ray.cluster_resources()
-    return ", ".join(
+    line = ", ".join(
         f"{n:g} {name} ({free.get(name, 0.0):g} free of {total.get(name, 0.0):g})"
         for name, n in per_worker(hw)
         if n > 0
     )
+    split = fits(free, hw) and not has_room(hw)
+    return line + (", free on different nodes (one node must hold all of it)" if split else "")
 
 
 @dataclass

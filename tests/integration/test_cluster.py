@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -90,11 +91,15 @@ def test_tensor_parallel_wider_than_any_node_fails_at_once(cluster):
         place_workers(hw, 1)
 
 
-def test_a_worker_ray_cannot_place_fails_the_start_in_one_line_and_a_slow_one_is_waited_for(cluster):
-    hw = compose_run(["hardware=gpu", "hardware.num_workers=1", "hardware.cpus_per_worker=0.5"]).hardware
-    holders = [ray.remote(Probe).options(num_gpus=1, num_cpus=0).remote() for _ in range(3 * GPUS_PER_NODE)]
+def refused_while_held(hw, holders: list, until=lambda: True) -> str:
+    """The line `wait_placed` fails with for a worker Ray cannot place while `holders` hold
+    their resources, once `until()` (actors an earlier test killed may still hold theirs)."""
     try:
-        ray.get([holder.where.remote() for holder in holders], timeout=120)  # every GPU held by another actor
+        ray.get([holder.where.remote() for holder in holders], timeout=120)
+        deadline = time.monotonic() + 120
+        while not until() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert until()
         actor = ray.remote(Probe).options(**place_workers(hw, 1).options[0]).remote()  # the totals suffice
         with pytest.raises(RunError) as error:
             wait_placed([actor], [actor.where.remote()], hw, timeout_s=1)
@@ -102,12 +107,39 @@ def test_a_worker_ray_cannot_place_fails_the_start_in_one_line_and_a_slow_one_is
     finally:
         for holder in holders:
             ray.kill(holder)
-    line = str(error.value)
+    return str(error.value)
+
+
+def test_a_worker_ray_cannot_place_fails_the_start_in_one_line_and_a_slow_one_is_waited_for(cluster):
+    hw = compose_run(["hardware=gpu", "hardware.num_workers=1", "hardware.cpus_per_worker=0.5"]).hardware
+    holders = [ray.remote(Probe).options(num_gpus=1, num_cpus=0).remote() for _ in range(3 * GPUS_PER_NODE)]
+    line = refused_while_held(hw, holders)  # every GPU held by another actor
     assert line.startswith("1 of 1 engine worker(s) not placed by Ray after 1s: each needs 0.5 CPU (")
     assert f"1 GPU (0 free of {3 * GPUS_PER_NODE})" in line and "\n" not in line
     slow = ray.remote(SlowStart).options(num_cpus=0.5).remote(3.0)  # placed, its constructor still going
     assert wait_placed([slow], [slow.where.remote()], hw, timeout_s=0.5)[0]["node"]
     ray.kill(slow)
+
+
+def test_room_free_in_sum_but_split_between_nodes_places_no_worker_and_fails_in_one_line(cluster):
+    """Two nodes' GPUs held and the third node's CPUs: Ray has a free GPU and free CPUs, on
+    different nodes, and can place no worker that needs both."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from evora.distributed.placement import fits, has_room
+
+    hw = compose_run(["hardware=gpu", "hardware.num_workers=1", "hardware.cpus_per_worker=0.5"]).hardware
+    nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+
+    def held_on(node: str, **resources: float):
+        on_node = NodeAffinitySchedulingStrategy(node, soft=False)
+        return ray.remote(Probe).options(scheduling_strategy=on_node, **resources).remote()
+
+    holders = [held_on(node, num_gpus=1, num_cpus=0) for node in nodes[:2] for _ in range(GPUS_PER_NODE)]
+    holders.append(held_on(nodes[2], num_cpus=2))
+    line = refused_while_held(hw, holders, until=lambda: fits(ray.available_resources(), hw) and not has_room(hw))
+    assert line.startswith("1 of 1 engine worker(s) not placed by Ray after 1s: each needs 0.5 CPU (")
+    assert "1 GPU (2 free of 6), free on different nodes (one node must hold all of it)" in line and "\n" not in line
 
 
 def test_engine_workers_get_their_engines_environment_through_ray(cluster, tiny_path, tiny_shapes):
