@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,12 +31,23 @@ HELPERS = {"bench_model.py", "scale_driver.py", "scale_engine.py"}
 def run_bench(script: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
     """`python bench/<script> --smoke <args>` from the repository root; asserts that it exited 0.
     The timeout only guards against a hang: a smoke of several CLI runs took over 600 s in CI (the
-    rollouts bench, beside the suite's other runs on 2 cores)."""
+    rollouts bench, beside the suite's other runs on 2 cores). A bench past it is killed with its
+    whole process group (the CLI runs and local Rays it started), not left running beside the
+    rest of the suite."""
     env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}
     command = [sys.executable, str(BENCH / script), "--smoke", *args]
     started = time.perf_counter()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    with subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    ) as bench:
+        try:
+            stdout, stderr = bench.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(bench.pid, signal.SIGKILL)
+            stdout, stderr = bench.communicate()
+            pytest.fail(f"{script} --smoke ran past {timeout} s: {stdout[-3000:]}{stderr[-6000:]}")
     print(f"{script} --smoke: {time.perf_counter() - started:.1f} s")
+    result = subprocess.CompletedProcess(command, bench.returncode, stdout, stderr)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return result
 
