@@ -32,7 +32,10 @@ the same tensors from memory, for Qwen2.5-0.5B and -7B at rank 8 on all seven mo
 
 The in-process paths take turns, --repeats times each (default 2: the uneven workload's whole
 bench took 7.6 minutes on a 2-vCPU machine, where 3 repeats and the seeds' way in full took
-21 minutes); evora's ratio to the base-only limit is printed as soon as they are done.
+21 minutes); evora's ratio to the base-only limit is printed as soon as they are done, with
+the share of evora's evaluate spent in evora's CPU multi-LoRA op (vllm_cpu_lora.grouped_lora_linear,
+timed around each call; 0 on a GPU, where vLLM's own kernels run): where evora's time beyond
+base-only goes on vLLM's CPU build.
 
 --smoke runs every in-process path at the least size, for CI (tests/integration/test_benches.py):
 2 adapters x 2 prompts x 8 tokens (uneven: median 4, shortest 2), max_loras 1 (so `fixed` makes
