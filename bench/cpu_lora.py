@@ -27,8 +27,8 @@ Then the op's share at real widths: a decoder layer's four LoRA products in an u
 step against the layer's four base matmuls, at the bench model's widths and at Qwen2.5-1.5B's
 and -7B's (random tensors of those widths, bench/real_shapes.py's shapes; --width-repeats
 timed repeats). LoRA's FLOPs fall with the width (rank 8 against a hidden size of 512, 1,536,
-3,584) and so does the op's share of a step's matmuls: the bench model's share is the upper
-bound of what multi-LoRA costs over base-only generation (bench/throughput.py).
+3,584) and so does the op's share of a step's matmuls, which is most of what multi-LoRA
+generation costs over base-only on vLLM's CPU build (bench/throughput.py's op-share figure).
 
 Results: bench/results/cpu_lora.json. --smoke (CI: tests/integration/test_benches.py) measures
 every layer, batch shape and op with 2 adapters and one timed repeat, and the widths table at
