@@ -52,7 +52,7 @@ import psutil
 import torch
 
 from evora.strategies.eggroll import EggrollConfig, EggrollState, EggrollStrategy
-from evora.strategies.full_weights import MasterWeights
+from evora.strategies.master_weights import MasterWeights
 
 MATRICES = tuple(f"self_attn.{m}_proj" for m in "qkvo") + tuple(f"mlp.{m}_proj" for m in ("gate", "up", "down"))
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"

@@ -61,8 +61,9 @@ from evora.lora.noise import tensors_to
 from evora.strategies.eggroll import EggrollConfig, EggrollStrategy
 from evora.strategies.es import ESConfig, EvolutionStrategy
 from evora.strategies.es_full import EsFullConfig, EsFullStrategy
-from evora.strategies.full_weights import MasterWeights, matrix_name
+from evora.strategies.full_weights import matrix_name
 from evora.strategies.ga import GAConfig, GeneticAlgorithm
+from evora.strategies.master_weights import MasterWeights
 from evora.strategies.noise_sums import add_groups, member_groups
 from evora.strategies.protocol import StrategyContext, fitness_results
 

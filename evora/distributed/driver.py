@@ -15,17 +15,17 @@ import gc
 import os
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-import ray
 import torch
 
 from evora.distributed.exporters import ExportParts
 from evora.distributed.finish import Outcome, final_event, report_against_base, write_run_summary
 from evora.distributed.full_weights import EngineWeights
 from evora.distributed.loop_state import LoopState
+from evora.distributed.plan_ref import PlanRef
 from evora.distributed.pool import WorkerPool
 from evora.distributed.recorder import Recorder, start_event
 from evora.distributed.scoring import CenterScoring
@@ -41,22 +41,9 @@ from evora.tracking.events import FinalEvent, StartEvent, WorkerLost, WorkerRepl
 from evora.tracking.run_dir import run_tag, write_config
 
 
-@dataclass(frozen=True)
-class PlanRef:
-    """The run plan in Ray's object store, which the launcher owns for the run's life: a
-    reference held inside a small argument is not resolved by Ray, so `run`'s arguments stay
-    inline."""
-
-    ref: Any
-
-    def get(self) -> RunPlan:
-        return ray.get(self.ref)
-
-
 class Driver:
-    """Restartable (max_restarts): its constructor takes no object-store reference, which Ray
-    warns a restart could lose; the plan comes with `run`, which the launcher calls again after a
-    restart."""
+    """The run loop; on Ray it runs inside `driver_actor.DriverActor`, restartable, its
+    constructor given no object-store reference and its plan given to `run`."""
 
     def __init__(self, run_dir: str):
         self.run_dir = Path(run_dir)

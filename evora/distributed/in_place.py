@@ -14,7 +14,8 @@ import torch
 
 from evora.distributed.cells import Requests
 from evora.engines import Completion, Engine
-from evora.strategies.full_weights import InPlaceStrategy, MasterWeights
+from evora.strategies.full_weights import InPlaceStrategy
+from evora.strategies.master_weights import MasterWeights
 from evora.strategies.protocol import PERTURB
 
 

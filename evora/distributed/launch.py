@@ -10,7 +10,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from evora.distributed.driver import Driver, PlanRef
+from evora.distributed.driver_actor import DriverActor
+from evora.distributed.plan_ref import PlanRef
 from evora.distributed.ray_session import NAMESPACE, init_ray, started_here
 from evora.engines.adapter_store import sweep_run_scratch
 from evora.errors import EvoraError
@@ -39,7 +40,7 @@ def launch(plan: RunPlan, run_dir: str, on_event: OnEvent) -> Event:
     # task splits can be large) goes to each `run` by a reference this process owns.
     plan_ref = PlanRef(ray.put(plan))
     driver: Any = (  # an actor handle
-        ray.remote(Driver)
+        ray.remote(DriverActor)
         .options(
             num_cpus=run.hardware.driver_cpus,
             num_gpus=run.hardware.driver_gpus,

@@ -37,7 +37,7 @@ from evora.distributed.reward_failures import check_reward_failures, failure_bud
 from evora.distributed.units import GroupSum, GroupTask, search_units
 from evora.distributed.worker import UnitResult, WorkUnit
 from evora.errors import RunError
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.plan.run_plan import RunPlan
 from evora.strategies.noise_sums import SummedStrategy, add_groups
 from evora.strategies.protocol import (

@@ -47,13 +47,8 @@ from evora.lora import Tensors
 from evora.lora.base_weights import read_weights
 from evora.lora.noise import tensors_to
 from evora.strategies import get_strategy
-from evora.strategies.full_weights import (
-    InPlaceStrategy,
-    MasterWeights,
-    MovesWeights,
-    matrix_name,
-    transposed_matrices,
-)
+from evora.strategies.full_weights import InPlaceStrategy, MovesWeights, matrix_name, transposed_matrices
+from evora.strategies.master_weights import MasterWeights
 from evora.strategies.noise_sums import SummedStrategy
 from evora.strategies.protocol import BASE, CENTER, MEMBER, PERTURB, layout_of, materialise
 from evora.tasks.base import AnswerTask

@@ -11,12 +11,14 @@ import os
 import shutil
 import weakref
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from evora.engines.base import AdapterRef
 from evora.lora.layout import AdapterLayout
 from evora.lora.peft_io import adapter_config, check_tensors, save_adapter
+
+if TYPE_CHECKING:  # annotations only: the launcher sweeps scratch (`sweep_run_scratch`) without torch
+    import torch
 
 
 class AdapterScratch:

@@ -10,11 +10,12 @@ old weights.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
-import torch
+if TYPE_CHECKING:  # annotations only: the CLI imports this module and must not pay for torch
+    import torch
 
-from evora.lora.noise import DenseNoise
+    from evora.lora.noise import DenseNoise
 
 
 @dataclass(frozen=True)

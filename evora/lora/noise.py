@@ -19,7 +19,6 @@ Pieces keep a big matrix's noise in the cache while it is used, and no full-size
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
+
+from evora.lora.keys import noise_key
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -37,12 +38,6 @@ U = TypeVar("U")
 # never start OpenMP teams of their own, whose spinning took the cores from the others' draws
 # (perturb_into over 2 threads: 1.07x the noise's own time, against 1.45x at 65,536).
 PIECE = 32752
-
-
-def noise_key(*parts: object) -> int:
-    """A 63-bit generator seed from the parts' text (stable across processes and machines)."""
-    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 def generator(key: int, device: str | torch.device = "cpu") -> torch.Generator:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING
 
 from evora.lora.layout import Adaptable, AdapterLayout
+
+if TYPE_CHECKING:  # safetensors.torch is imported where tensors are read or written: the CLI's
+    import torch  # config checks read adapter_config.json only, without torch
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -53,6 +54,8 @@ def save_adapter(
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write `tensors` (PEFT names) as an adapter folder; `dtype` casts (the engine's dtype)."""
+    from safetensors.torch import save_file
+
     check_tensors(tensors, layout)
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
@@ -65,6 +68,8 @@ def save_adapter(
 
 def load_adapter_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The adapter's tensors in fp32 (master precision)."""
+    from safetensors.torch import load_file
+
     return {k: v.float() for k, v in load_file(str(Path(directory) / WEIGHTS_FILE)).items()}
 
 

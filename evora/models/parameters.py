@@ -15,7 +15,9 @@ def count_parameters(model_path: str, revision: str | None = None, trust_remote_
     if files:
         total = 0
         for file in files:
-            with safe_open(str(file), framework="pt") as handle:
+            # framework="numpy": shapes only, read from the header (bf16 and fp8 too), and no
+            # torch import in the CLI, which plans every run with this count.
+            with safe_open(str(file), framework="numpy") as handle:
                 total += sum(math.prod(handle.get_slice(key).get_shape()) for key in handle.keys())
         return total
     return _count_from_config(model_path, revision, trust_remote_code)

@@ -18,7 +18,8 @@ from evora.engines.registry import get_engine
 from evora.lora.layout import AdapterLayout, build_layout
 from evora.lora.modules import adaptable_modules
 from evora.selfcheck.checks import Check, Finding, Node, register_check
-from evora.strategies.full_weights import MasterWeights, matrix_name
+from evora.strategies.full_weights import matrix_name
+from evora.strategies.master_weights import MasterWeights
 from evora.strategies.protocol import StrategyContext
 
 SEED = 3

@@ -14,7 +14,8 @@ import torch
 from evora.lora.layout import AdapterLayout, ModuleSlot
 from evora.lora.noise import gaussian, member_noise, noise_key, tensors_to
 from evora.selfcheck.checks import Check, Finding, Node, register_check
-from evora.strategies.full_weights import MasterWeights, matrix_name
+from evora.strategies.full_weights import matrix_name
+from evora.strategies.master_weights import MasterWeights
 from evora.strategies.noise_sums import add_groups
 from evora.strategies.protocol import StrategyContext, fitness_results
 

@@ -8,12 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from evora.config.checks import choice, require
-from evora.lora.base_weights import per_layer_scales
-from evora.lora.init import adapter_from_path, random_adapter
 from evora.strategies.protocol import StrategyContext, Tensors
+
+# The configs' checks (`check_init`) run in the CLI; the tensors' code, and torch, is imported
+# by the two functions that make tensors, in the driver.
 
 
 def initial_adapter(cfg: Any, context: StrategyContext) -> Tensors:
+    from evora.lora.init import adapter_from_path, random_adapter
+
     if cfg.init == "path":
         return adapter_from_path(context.layout, cfg.init_path)
     return random_adapter(context.layout, context.seed, cfg.init_a_std, cfg.init_b_std)
@@ -21,6 +24,8 @@ def initial_adapter(cfg: Any, context: StrategyContext) -> Tensors:
 
 def noise_scales(cfg: Any, context: StrategyContext) -> dict[str, float]:
     """Tensor name -> sigma multiplier; empty for uniform noise."""
+    from evora.lora.base_weights import per_layer_scales
+
     if cfg.noise_scale != "per_layer":
         return {}
     return per_layer_scales(context.layout, context.model_path, context.revision)

@@ -79,9 +79,10 @@ class Kind(Generic[P]):
     config_fields: tuple[str, ...] = ()  # fields its strategies' configs must have
     traits: frozenset[str] = frozenset()  # TRAITS its strategies may declare
 
-    def check(self, name: str, strategy: type | None, config: type, traits: set[str]) -> None:
+    def check(self, name: str, strategy: type | str | None, config: type, traits: set[str]) -> None:
         """At registration: the strategy implements the kind's protocol (and its traits'), its
-        config has the kind's fields, and its traits are the kind's to have."""
+        config has the kind's fields, and its traits are the kind's to have. A strategy named
+        by import path has its members checked when it is imported (registry.strategy_class)."""
         if (self.protocol is None) != (strategy is None):
             raise TypeError(f"strategy {name}: a runner, and only a runner, makes kind={self.name!r}")
         for trait in sorted(traits - self.traits):
@@ -92,7 +93,7 @@ class Kind(Generic[P]):
                 raise TypeError(f"strategy {name}: kind={self.name!r} needs a config with a `{field}` field")
         protocols = [p for p in (self.protocol, *(TRAITS[t] for t in sorted(traits))) if p is not None]
         for protocol in protocols:
-            missing = missing_members(strategy, protocol) if strategy is not None else []
+            missing = missing_members(strategy, protocol) if isinstance(strategy, type) else []
             if missing:
                 raise TypeError(f"strategy {name}: {protocol.__name__} needs {', '.join(missing)}")
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol
 
 import numpy as np
-import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
@@ -292,11 +291,15 @@ def state_from_fields(state_type: type, fields: dict[str, Any]) -> Any:
 
 
 def clone_tensors(tensors: Tensors) -> Tensors:
+    import torch  # here, not at the top: the CLI reads this module's protocols without torch
+
     return {k: v.detach().to(torch.float32).clone() for k, v in tensors.items()}
 
 
 def tensors_norm(tensors: Tensors) -> float:
     """The L2 norm of all the tensors together, in float64."""
+    import torch
+
     return math.sqrt(sum(float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2 for t in tensors.values()))
 
 

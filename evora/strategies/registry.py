@@ -13,6 +13,12 @@ by mypy through the decorator's type), its search, its exporter, its memory. Tra
 protocol each (`kinds.TRAITS`): `refines=True` declares that its config may ask for gradient
 refinement after each tell (protocol.RefiningStrategy).
 
+evora's own strategies name their class by import path instead, so that registering one (as
+the CLI does for every strategy, to compose and check its config) imports no torch; the class is
+imported, and checked against its kind's protocol, when a run first builds it:
+
+    register_strategy("es", config=ESConfig, summary=..., strategy="evora.strategies.es.strategy:EvolutionStrategy")
+
 A strategy that runs a whole job itself (PBT on Ray Tune) names its runner instead, as
 "module:function", so that registering it imports no Ray:
 
@@ -32,7 +38,7 @@ from typing import Any, Callable, TypeVar, overload
 
 from evora.errors import ConfigError
 from evora.strategies.analysis_hooks import NO_ANALYSIS, Analysis
-from evora.strategies.kinds import JOB, POPULATION, TRAITS, Kind
+from evora.strategies.kinds import JOB, POPULATION, TRAITS, Kind, resolve
 from evora.strategies.protocol import Strategy
 
 ENTRY_POINT_GROUP = "evora.strategies"
@@ -45,7 +51,8 @@ class StrategyEntry:
     name: str
     config: type  # frozen dataclass with a `name` field; Hydra composes conf/strategy/<name>.yaml onto it
     summary: str  # one line for `evora --help`
-    strategy: type | None = None  # ask/tell class, built as strategy(config, run_seed)
+    # ask/tell class, built as strategy(config, run_seed); or "module:Class", imported on first use
+    strategy: type | str | None = None
     runner: str | None = None  # "module:function(plan, run_dir, on_event) -> final event" for job-level strategies
     validate: Callable[[Any, Any], None] | None = None  # (strategy config, run config); raises ConfigError
     center: str | None = None  # what the final adapter is called in the run folder (mean, elite)
@@ -72,8 +79,28 @@ class StrategyEntry:
     environment: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        self._check(self.strategy)  # a class by path: all but its members, checked when imported
+
+    def _check(self, strategy: type | str | None) -> None:
         traits = {trait for trait in TRAITS if vars(self)[trait]}
-        self.kind.check(self.name, self.strategy, self.config, traits)
+        self.kind.check(self.name, strategy, self.config, traits)
+
+    def strategy_class(self) -> type | None:
+        """The ask/tell class (None for a runner), imported and checked on first use."""
+        if not isinstance(self.strategy, str):
+            return self.strategy
+        if self.strategy not in _LOADED:
+            strategy = resolve(self.strategy)
+            self._check(strategy)
+            _LOADED[self.strategy] = strategy
+        return _LOADED[self.strategy]
+
+    def names(self, obj: object) -> bool:
+        """Whether `obj` is this entry's config or ask/tell class (a class by path: compared by
+        its defining module and name, so that no other strategy is imported to tell)."""
+        if obj is self.config or obj is self.strategy:
+            return True
+        return isinstance(obj, type) and f"{obj.__module__}:{obj.__qualname__}" == self.strategy
 
     def trains_on_driver(self, strategy: Any) -> bool:
         """Whether the loop builds a TrainingContext: gradient strategies, and refining ones
@@ -85,9 +112,10 @@ class StrategyEntry:
         return self.refines and strategy.keeps_texts
 
     def build(self, cfg: Any, run_seed: int) -> Any:
-        if self.strategy is None:
+        strategy = self.strategy_class()
+        if strategy is None:
             raise ConfigError(f"strategy={self.name}: runs as its own job, it has no ask/tell strategy")
-        return self.strategy(cfg, run_seed)
+        return strategy(cfg, run_seed)
 
     def analysis_hooks(self) -> Analysis:
         """The strategy's analysis hooks (no hooks: an empty Analysis)."""
@@ -104,6 +132,7 @@ class StrategyEntry:
 
 
 _REGISTRY: dict[str, StrategyEntry] = {}
+_LOADED: dict[str, type] = {}  # classes named by path, once imported and checked
 _ALIASES: dict[str, StrategyEntry] = {}  # import paths and entry-point names already resolved
 
 
@@ -121,7 +150,7 @@ def register_strategy(
 
 def register_strategy(name: str, *, config: type, summary: str, **fields: Any) -> Callable[[Any], Any]:
     """Decorator for an ask/tell class, typed by its kind's protocol; called as a statement when
-    `runner` is given (kind JOB)."""
+    `runner` is given (kind JOB) or `strategy` names the class by import path."""
     if not dataclasses.is_dataclass(config) or "name" not in {f.name for f in dataclasses.fields(config)}:
         raise TypeError(f"strategy {name}: config must be a dataclass with a `name` field")
 
@@ -132,7 +161,21 @@ def register_strategy(name: str, *, config: type, summary: str, **fields: Any) -
     if fields.get("runner") is not None:
         fields.setdefault("kind", JOB)
         add(None)
+    elif isinstance(fields.get("strategy"), str):
+        add(fields.pop("strategy"))
     return add
+
+
+def lazy_exports(module: str, names: tuple[str, ...]) -> Callable[[str], Any]:
+    """A strategy folder's module `__getattr__`: `names` from its `module`, imported when first
+    asked for (so that importing the folder, which registers it, imports no torch)."""
+
+    def attribute(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module.rpartition('.')[0]!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(module), name)
+
+    return attribute
 
 
 def strategy_names() -> list[str]:
@@ -150,7 +193,7 @@ def _import_path(path: str) -> StrategyEntry:
     except (ImportError, AttributeError) as error:
         raise ConfigError(f'strategy.name="{path}": cannot import it ({error})') from None
     for entry in _REGISTRY.values():
-        if obj in (entry.strategy, entry.config):
+        if entry.names(obj):
             return entry
     raise ConfigError(
         f'strategy.name="{path}": not a registered strategy; decorate it with @evora.strategies.register_strategy(...)'

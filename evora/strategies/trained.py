@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from evora.lora import Tensors
 from evora.lora.init import random_adapter
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.protocol import StrategyContext, TrainingContext, clone_tensors
 
 

@@ -155,7 +155,7 @@ def split_examples(examples: list[Example], cfg: TaskConfig, seed: int, salt: st
         train = head[: cfg.train_size]
         selection = head[len(train) : len(train) + cfg.selection_size]
         return Splits(tuple(train), tuple(selection), tuple(heldout))
-    from evora.lora.noise import noise_key
+    from evora.lora.keys import noise_key
 
     shuffled = list(examples)
     random.Random(noise_key(seed, salt)).shuffle(shuffled)

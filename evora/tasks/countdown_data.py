@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from evora.errors import ConfigError, DataError
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.tasks.builtin.countdown import PAPER_FILE, PAPER_REPOSITORY, load_problems, paper_context, target_text
 
 # reasoning-gym's countdown settings that make its problems look like the paper's file's

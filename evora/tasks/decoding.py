@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evora.config.schema import TaskConfig
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 
 
 @dataclass(frozen=True)

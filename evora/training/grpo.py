@@ -73,7 +73,7 @@ from typing import Any
 import torch
 
 from evora.lora import Tensors
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.training.full_spec import FullSpec, Trained
 from evora.training.grpo_order import StepSampler, own_rng, prompt_order
 from evora.training.grpo_settings import Counters, GRPOSettings, LoraSpec, Reward

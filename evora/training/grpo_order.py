@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 
 
 def prompt_order(n_prompts: int, per_step: int, seed: int, first_step: int, steps: int) -> list[int]:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.training.full_spec import Trained
 from evora.training.grpo_order import StepSampler, prompt_order
 from evora.training.grpo_settings import Counters, GRPOSettings, Reward

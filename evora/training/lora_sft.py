@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from evora.lora import Tensors
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.training.lora_spec import LoraSpec
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, target ids)

@@ -17,7 +17,8 @@ from evora.errors import ConfigError
 from evora.lora.layout import AdapterLayout, ModuleSlot
 from evora.lora.resize import low_rank_delta
 from evora.strategies.eggroll import EggrollConfig, EggrollStrategy, check_eggroll
-from evora.strategies.full_weights import MasterWeights, matrix_name
+from evora.strategies.full_weights import matrix_name
+from evora.strategies.master_weights import MasterWeights
 from evora.strategies.protocol import StrategyContext, fitness_results
 
 SLOTS = (

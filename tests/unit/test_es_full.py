@@ -16,8 +16,9 @@ from evora.lora.noise import noise_key
 from evora.plan.compose import compose_run
 from evora.strategies import get_strategy
 from evora.strategies.es_full import EsFullConfig, EsFullStrategy, check_es_full
-from evora.strategies.full_weights import MasterWeights, matrix_name
+from evora.strategies.full_weights import matrix_name
 from evora.strategies.kinds import FULL_WEIGHT
+from evora.strategies.master_weights import MasterWeights
 from evora.strategies.protocol import StrategyContext, fitness_results
 
 SLOTS = (

@@ -12,8 +12,8 @@ import torch
 from test_grpo_trainer import PROMPTS, SETTINGS, Replay, Reward, prompt_ids, recording, same
 from transformers import AutoModelForCausalLM
 
-from evora.strategies.full_weights import MasterWeights
 from evora.strategies.grpo_full import FullWeightGRPO, GRPOFullConfig, TrainedWeightsState
+from evora.strategies.master_weights import MasterWeights
 from evora.training.grpo import FullSpec, GRPOTraining
 
 DOWN = "model.layers.1.mlp.down_proj.weight"

@@ -78,14 +78,14 @@ def test_a_user_strategy_composes_by_import_path_like_a_built_in(examples_on_pat
 
 
 def test_every_built_in_strategy_implements_the_protocol_of_its_declared_kind():
-    """Registration checks it at import (kinds.Kind.check); here, the check itself against each
-    built-in, and each kind is used."""
+    """Registration checks it at import (kinds.Kind.check), or at first use for a class named by
+    path (every built-in); here, the check itself against each built-in, and each kind is used."""
     built_in = [e for e in entries() if e.config.__module__.startswith("evora.")]
     assert {e.kind.name for e in built_in} == {k.name for k in KINDS}
     for entry in built_in:
         assert (entry.kind.protocol is None) == (entry.runner is not None), entry.name
         if entry.kind.protocol is not None:
-            assert missing_members(entry.strategy, entry.kind.protocol) == [], entry.name
+            assert missing_members(entry.strategy_class(), entry.kind.protocol) == [], entry.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,17 +111,35 @@ def test_registration_checks_the_kind_its_protocol_fields_and_traits():
         register_strategy("odd", config=OddConfig, summary="odd")(Half)  # type: ignore[arg-type]  # the point
     assert str(error.value) == "strategy odd: Strategy needs center, initial_state, materialise"
     with pytest.raises(TypeError, match="FullWeightStrategy needs .*master_bytes"):
-        register_strategy("odd", config=OddConfig, summary="odd", kind=FULL_WEIGHT)(get_strategy("es").strategy)
+        register_strategy("odd", config=OddConfig, summary="odd", kind=FULL_WEIGHT)(get_strategy("es").strategy_class())
     with pytest.raises(TypeError, match="in_place=True is not for kind='population'"):
-        register_strategy("odd", config=OddConfig, summary="odd", in_place=True)(get_strategy("es").strategy)
+        register_strategy("odd", config=OddConfig, summary="odd", in_place=True)(get_strategy("es").strategy_class())
 
     @dataclasses.dataclass(frozen=True)
     class NoPopulation:
         name: str = "odd"
 
     with pytest.raises(TypeError, match="kind='population' needs a config with a `population` field"):
-        register_strategy("odd", config=NoPopulation, summary="odd")(get_strategy("es").strategy)
+        register_strategy("odd", config=NoPopulation, summary="odd")(get_strategy("es").strategy_class())
     assert "odd" not in strategy_names()
+
+
+def test_a_strategy_named_by_path_is_imported_and_checked_when_first_used(examples_on_path):
+    """What every built-in does (its registration imports no torch): the class is imported, and
+    held to its kind's protocol, when a run first builds it; an import path finds its entry."""
+    register_strategy("half", config=OddConfig, summary="half", strategy=f"{__name__}:Half")
+    entry = get_strategy("half")
+    assert entry.strategy == f"{__name__}:Half" and get_strategy(f"{__name__}:Half") is entry
+    with pytest.raises(TypeError, match="strategy half: Strategy needs center, initial_state, materialise"):
+        entry.build(OddConfig(), 0)
+    es = get_strategy("es")
+    assert es.strategy == "evora.strategies.es.strategy:EvolutionStrategy"
+    assert get_strategy("evora.strategies.es:EvolutionStrategy") is es  # the folder's lazy export
+    assert es.strategy_class() is sys.modules["evora.strategies.es.strategy"].EvolutionStrategy
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        import evora.strategies.es as folder
+
+        folder.Nope  # noqa: B018  # the lazy exports name only their own
 
 
 def test_a_kind_answers_for_its_configs_and_its_memory():

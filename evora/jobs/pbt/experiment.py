@@ -17,7 +17,7 @@ from evora.config.schema import RunConfig
 from evora.jobs.pbt.records import RoundLog, TrialLog
 from evora.jobs.pbt.scheduler import LoraLabPBT
 from evora.jobs.pbt.trial import TrialContext, pbt_trial
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.pbt.config import PBTConfig
 from evora.strategies.pbt.space import module_sets, sample
 

@@ -11,7 +11,7 @@ from typing import Any
 from ray.tune.experiment import Trial
 
 from evora.jobs.pbt.tune_private import TunePrivate
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.pbt.config import PBTConfig
 from evora.strategies.pbt.space import KEYS, explore, member_id, module_sets
 from evora.tracking.run_dir import LINEAGE_FILE

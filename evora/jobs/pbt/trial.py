@@ -16,8 +16,8 @@ from ray import tune
 from evora.config.schema import RunConfig
 from evora.distributed.worker_spec import engine_spec, load_tokenizer, resolve_task
 from evora.lora import Tensors
+from evora.lora.keys import noise_key
 from evora.lora.layout import Adaptable, AdapterLayout, build_layout
-from evora.lora.noise import noise_key
 from evora.lora.peft_io import load_adapter_tensors, save_adapter
 from evora.lora.resize import resize_adapter
 from evora.strategies.pbt.space import KEYS, member_id, modules_of

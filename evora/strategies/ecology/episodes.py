@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.ecology.config import EcologyConfig
 from evora.strategies.ecology.economy import Organelle, Prices, record
 from evora.strategies.ecology.routing import route

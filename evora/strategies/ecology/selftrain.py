@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.ecology.config import EcologyConfig
 from evora.strategies.protocol import GenerationResults, Spend, Tensors, Told, TrainingContext
 from evora.strategies.sft.config import SFTConfig

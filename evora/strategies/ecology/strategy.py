@@ -27,7 +27,7 @@ import torch
 
 import evora.strategies.ecology.archive as qd
 from evora.lora.init import random_adapter
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.adapter_init import noise_scales
 from evora.strategies.ecology.config import EcologyConfig
 from evora.strategies.ecology.economy import Organelle, Prices, units

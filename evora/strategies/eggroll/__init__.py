@@ -1,9 +1,10 @@
 """strategy=eggroll: full-weight ES with low-rank perturbations (EGGROLL, arXiv 2511.16652)."""
 
+from typing import TYPE_CHECKING
+
 from evora.strategies.eggroll.config import EggrollConfig, check_eggroll
-from evora.strategies.eggroll.strategy import EggrollPayload, EggrollState, EggrollStrategy, WeightUpdate
 from evora.strategies.kinds import FULL_WEIGHT
-from evora.strategies.registry import register_strategy
+from evora.strategies.registry import lazy_exports, register_strategy
 
 register_strategy(
     "eggroll",
@@ -14,6 +15,13 @@ register_strategy(
     center="delta",  # adapters/delta: the final weights' update as a LoRA (model/ holds them whole)
     report_keys=("population", "rank", "sigma", "lr", "shaping", "optimizer"),
     console_keys=(("update_norm", "|update|"),),
-)(EggrollStrategy)
+    strategy="evora.strategies.eggroll.strategy:EggrollStrategy",
+)
+
+if TYPE_CHECKING:
+    from evora.strategies.eggroll.strategy import EggrollPayload, EggrollState, EggrollStrategy, WeightUpdate
+__getattr__ = lazy_exports(
+    "evora.strategies.eggroll.strategy", ("EggrollPayload", "EggrollState", "EggrollStrategy", "WeightUpdate")
+)
 
 __all__ = ["EggrollConfig", "EggrollPayload", "EggrollState", "EggrollStrategy", "WeightUpdate"]

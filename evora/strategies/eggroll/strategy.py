@@ -43,7 +43,8 @@ from evora.lora.layout import AdapterLayout, ModuleSlot
 from evora.lora.noise import gaussian, in_parallel, noise_generation, noise_key, runs_by_cost
 from evora.strategies import separable
 from evora.strategies.eggroll.config import EggrollConfig
-from evora.strategies.full_weights import MasterWeights, decays_to_start, start_copies, with_fitness
+from evora.strategies.full_weights import decays_to_start, with_fitness
+from evora.strategies.master_weights import MasterWeights, start_copies
 from evora.strategies.noise_sums import member_coefficients
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
 from evora.strategies.shaping import shape

@@ -1,8 +1,9 @@
 """strategy=es: evolution strategies over the LoRA tensors (Salimans et al. 2017; Qiu et al. 2025)."""
 
+from typing import TYPE_CHECKING
+
 from evora.strategies.es.config import ESConfig, check_es
-from evora.strategies.es.strategy import ESPayload, ESState, EvolutionStrategy
-from evora.strategies.registry import register_strategy
+from evora.strategies.registry import lazy_exports, register_strategy
 
 register_strategy(
     "es",
@@ -14,6 +15,11 @@ register_strategy(
     device_noise=True,  # drawn only on the workers (materialise, group_sum): on their GPU under noise_device=auto
     report_keys=("population", "sigma", "lr", "antithetic", "shaping", "optimizer"),
     console_keys=(("update_norm", "|update|"),),
-)(EvolutionStrategy)
+    strategy="evora.strategies.es.strategy:EvolutionStrategy",
+)
+
+if TYPE_CHECKING:
+    from evora.strategies.es.strategy import ESPayload, ESState, EvolutionStrategy
+__getattr__ = lazy_exports("evora.strategies.es.strategy", ("ESPayload", "ESState", "EvolutionStrategy"))
 
 __all__ = ["ESConfig", "ESPayload", "ESState", "EvolutionStrategy"]

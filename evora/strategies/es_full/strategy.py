@@ -39,7 +39,8 @@ from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
 from evora.lora.noise import DenseNoise, gaussian, in_parallel, noise_key, perturbed_on, weighted_sum
 from evora.strategies.es_full.config import EsFullConfig
-from evora.strategies.full_weights import MasterWeights, decays_to_start, matrix_name, start_copies, with_fitness
+from evora.strategies.full_weights import decays_to_start, matrix_name, with_fitness
+from evora.strategies.master_weights import MasterWeights, start_copies
 from evora.strategies.noise_sums import member_coefficients
 from evora.strategies.protocol import CandidateSpec, GenerationResults, StrategyContext, Told
 from evora.strategies.shaping import shape

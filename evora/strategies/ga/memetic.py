@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.ga.config import GAConfig
 from evora.strategies.grpo.config import GRPOConfig
 from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.adapter_init import initial_adapter, noise_scales
 from evora.strategies.ga.config import GAConfig
 from evora.strategies.ga.memetic import refine_elite

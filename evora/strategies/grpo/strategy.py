@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from evora.lora import Tensors
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.protocol import Spend, Told, TrainingContext
 from evora.strategies.trained import TrainedAdapter
 from evora.training.full_spec import Trained

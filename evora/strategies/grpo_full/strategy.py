@@ -20,8 +20,9 @@ import torch
 
 from evora.lora import Tensors
 from evora.lora.layout import AdapterLayout
-from evora.strategies.full_weights import MasterWeights, matrix_name, start_copies
+from evora.strategies.full_weights import matrix_name
 from evora.strategies.grpo.strategy import GroupRelativePolicyOptimization
+from evora.strategies.master_weights import MasterWeights, start_copies
 from evora.strategies.protocol import StrategyContext, TrainingContext, clone_tensors
 from evora.training.full_spec import FullSpec, Trained
 from evora.training.grpo import GRPOTraining

@@ -1,8 +1,9 @@
 """strategy=merge: CMA-ES over the weights of a combination of existing LoRA adapters."""
 
+from typing import TYPE_CHECKING
+
 from evora.strategies.merge.config import MergeConfig, check_merge
-from evora.strategies.merge.strategy import Merge
-from evora.strategies.registry import register_strategy
+from evora.strategies.registry import lazy_exports, register_strategy
 
 register_strategy(
     "merge",
@@ -12,6 +13,11 @@ register_strategy(
     center="merged",
     report_keys=("adapters", "population", "sigma", "granularity", "combine", "bounds", "l1", "on_cma_stop"),
     console_keys=(("cma_sigma", "cma sigma"),),
-)(Merge)
+    strategy="evora.strategies.merge.strategy:Merge",
+)
+
+if TYPE_CHECKING:
+    from evora.strategies.merge.strategy import Merge
+__getattr__ = lazy_exports("evora.strategies.merge.strategy", ("Merge",))
 
 __all__ = ["Merge", "MergeConfig"]

@@ -9,9 +9,7 @@ own delta s_i B_i A_i and any combination is scaled by the run's s alone."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from evora.config.checks import fail, require
 from evora.errors import ConfigError, hub_error
@@ -19,6 +17,9 @@ from evora.lora.layout import AdapterLayout
 from evora.lora.peft_io import CONFIG_FILE, WEIGHTS_FILE, load_adapter_tensors, read_adapter_config
 from evora.models import BUNDLED_DIR, BUNDLED_PREFIX
 from evora.strategies.protocol import Tensors
+
+if TYPE_CHECKING:
+    pass
 
 GRANULARITIES = ("adapter", "layer")
 COMBINES = ("concat", "lorahub")
@@ -88,6 +89,8 @@ def load_sources(adapters: Sequence[str], layout: AdapterLayout) -> list[Tensors
 
 
 def load_source(folder: Path, layout: AdapterLayout, key: str) -> Tensors:
+    import torch  # here: the config's checks above run in the CLI, without torch
+
     config = read_adapter_config(folder)
     rank = source_rank(folder, key, config)
     ratio = (float(config["lora_alpha"]) / rank) / layout.scale

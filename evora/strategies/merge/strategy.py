@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.merge.combine import combine, group_count
 from evora.strategies.merge.config import RESTART, MergeConfig
 from evora.strategies.merge.sources import load_sources

@@ -1,8 +1,9 @@
 """strategy=pgpe: PGPE, symmetric sampling, ClipUp, over the LoRA tensors (Sehnke et al. 2010; Toklu et al. 2020)."""
 
+from typing import TYPE_CHECKING
+
 from evora.strategies.pgpe.config import PGPEConfig, check_pgpe
-from evora.strategies.pgpe.strategy import PGPE
-from evora.strategies.registry import register_strategy
+from evora.strategies.registry import lazy_exports, register_strategy
 
 register_strategy(
     "pgpe",
@@ -14,6 +15,11 @@ register_strategy(
     device_noise=True,  # drawn only on the workers: on their GPU under hardware.noise_device=auto
     report_keys=("population", "sigma", "lr", "sigma_lr", "optimizer", "shaping"),
     console_keys=(("update_norm", "|update|"), ("sigma_mean", "sigma")),
-)(PGPE)
+    strategy="evora.strategies.pgpe.strategy:PGPE",
+)
+
+if TYPE_CHECKING:
+    from evora.strategies.pgpe.strategy import PGPE
+__getattr__ = lazy_exports("evora.strategies.pgpe.strategy", ("PGPE",))
 
 __all__ = ["PGPE", "PGPEConfig"]

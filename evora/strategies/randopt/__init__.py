@@ -1,8 +1,9 @@
 """strategy=randopt: RandOpt's perturb, top-K ensemble and distil loop, iterated over rounds."""
 
+from typing import TYPE_CHECKING
+
 from evora.strategies.randopt.config import RandOptConfig, check_randopt
-from evora.strategies.randopt.strategy import RandOpt
-from evora.strategies.registry import register_strategy
+from evora.strategies.registry import lazy_exports, register_strategy
 
 register_strategy(
     "randopt",
@@ -14,6 +15,11 @@ register_strategy(
     device_noise=True,  # drawn only on the workers (materialise): on their GPU under noise_device=auto
     report_keys=("population", "sigma", "top_k", "targets", "distil_from", "sft_epochs", "sft_learning_rate"),
     console_keys=(("ensemble_accuracy", "ensemble"), ("distil_examples", "distilled")),
-)(RandOpt)
+    strategy="evora.strategies.randopt.strategy:RandOpt",
+)
+
+if TYPE_CHECKING:
+    from evora.strategies.randopt.strategy import RandOpt
+__getattr__ = lazy_exports("evora.strategies.randopt.strategy", ("RandOpt",))
 
 __all__ = ["RandOpt", "RandOptConfig"]

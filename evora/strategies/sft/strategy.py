@@ -10,7 +10,7 @@ run seed and the step).
 
 from __future__ import annotations
 
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.strategies.protocol import Spend, Told, TrainingContext
 from evora.strategies.trained import TrainedAdapter, TrainedState
 from evora.training.lora_sft import LoraSFT, TrainSettings

@@ -1,8 +1,9 @@
 """strategy=snes: separable natural evolution strategies over the LoRA tensors (Schaul et al. 2011)."""
 
-from evora.strategies.registry import register_strategy
+from typing import TYPE_CHECKING
+
+from evora.strategies.registry import lazy_exports, register_strategy
 from evora.strategies.snes.config import SNESConfig, check_snes
-from evora.strategies.snes.strategy import SNES
 
 register_strategy(
     "snes",
@@ -14,6 +15,11 @@ register_strategy(
     device_noise=True,  # drawn only on the workers: on their GPU under hardware.noise_device=auto
     report_keys=("population", "sigma", "lr", "sigma_lr", "shaping", "antithetic"),
     console_keys=(("update_norm", "|update|"), ("sigma_mean", "sigma")),
-)(SNES)
+    strategy="evora.strategies.snes.strategy:SNES",
+)
+
+if TYPE_CHECKING:
+    from evora.strategies.snes.strategy import SNES
+__getattr__ = lazy_exports("evora.strategies.snes.strategy", ("SNES",))
 
 __all__ = ["SNES", "SNESConfig"]

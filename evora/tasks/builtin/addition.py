@@ -12,7 +12,7 @@ import random
 from typing import ClassVar
 
 from evora.config.schema import TaskConfig
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.tasks.aggregate import exact_answer_text
 from evora.tasks.base import Example, Splits
 from evora.tasks.registry import register_task

@@ -10,7 +10,7 @@ import random
 from typing import ClassVar
 
 from evora.config.schema import TaskConfig
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.tasks.aggregate import numeric_answer
 from evora.tasks.base import Example, Splits, split_examples
 from evora.tasks.registry import register_task

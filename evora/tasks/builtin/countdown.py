@@ -25,7 +25,7 @@ from evora.config.checks import choice
 from evora.config.checks import require as require_key
 from evora.config.schema import TaskConfig
 from evora.errors import DataError
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.tasks.base import Example, Splits, split_examples
 from evora.tasks.data import read_records, require
 from evora.tasks.registry import register_task

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from evora.config.schema import TaskConfig
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.tasks.aggregate import exact_answer_text
 from evora.tasks.base import Example, Splits
 from evora.tasks.builtin.addition import HELDOUT_SEED, is_heldout_pair

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Optional
 from evora.config.checks import choice, fail
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.tasks.base import Example, Splits
 from evora.tasks.registry import register_task
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from evora.config.checks import require
 from evora.config.schema import TaskConfig
 from evora.errors import ConfigError
-from evora.lora.noise import noise_key
+from evora.lora.keys import noise_key
 from evora.tasks.base import AnswerTask, Example, Splits
 from evora.tasks.registry import family_entry, isolated_reward, register_task
 
