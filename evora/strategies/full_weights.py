@@ -3,8 +3,8 @@ engines whose base weights it moves.
 
 A strategy registered with `kind=full_weight` evaluates its candidates as LoRAs on the
 engines' current weights and, after each `tell`, changes those weights themselves. The
-driver holds no weights: every worker keeps fp32 `MasterWeights` (`master_weights.py`) of the selected matrices
-and applies the same updates from seeds and fitness:
+driver holds no weights: every worker keeps fp32 `MasterWeights` (`master_weights.py`) of the
+selected matrices and applies the same updates from seeds and fitness:
 
     update = strategy.update_of(state, generation)   # small, plain data: what follows `generation`
     norm = strategy.apply(master, update)            # in place, where the copies are, on every worker bit for bit

@@ -37,7 +37,8 @@ print(sorted(m for m in {heavy} if m in sys.modules))
 
 
 def imported(probe: str) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", probe.format(heavy=HEAVY)], capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-c", probe.format(heavy=HEAVY)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()
 
