@@ -125,14 +125,14 @@ def worker_memory(tag: str) -> list[tuple[int, int]]:
 
 
 def run_one(strategy: str, population: int, workers: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from scale_driver import BenchDriver
+    from scale_driver import BenchDriverActor
 
     import evora.distributed.launch as launch_module
     from evora.plan.compose import compose_run
     from evora.plan.run_plan import build_plan
     from evora.tracking.run_dir import run_tag
 
-    launch_module.Driver = BenchDriver  # type: ignore[misc]  # the timed driver, started as the product starts its own
+    launch_module.DriverActor = BenchDriverActor  # type: ignore[misc]  # the timed driver, started as the product starts its own
     overrides = [
         f"strategy={strategy}",
         *strategy_overrides(strategy, population, args.prompts),

@@ -14,6 +14,7 @@ from functools import wraps
 from typing import Any
 
 from evora.distributed.driver import Driver
+from evora.distributed.driver_actor import DriverActor
 
 PHASES: dict[str, float] = {}
 PARTS = ("ask", "dispatch", "results", "tell", "checkpoint")
@@ -137,3 +138,10 @@ class BenchDriver(Driver):
             "checkpoint_bytes": latest.stat().st_size if latest.exists() else 0,
         }
         return event
+
+
+class BenchDriverActor(DriverActor):
+    """The product's driver actor with `BenchDriver` inside: what the bench starts in its place."""
+
+    def __init__(self, run_dir: str):
+        self.driver = BenchDriver(run_dir)
