@@ -1,6 +1,6 @@
 """Run one job: a strategy's own runner (registered as "module:function", e.g. PBT on Ray
-Tune), or the shared run loop (`driver.Driver`) as a restartable Ray actor whose events
-stream to the console."""
+Tune), or the shared run loop (`driver.Driver`, inside `driver_actor.DriverActor`, so that this
+process imports no torch) as a restartable Ray actor whose events stream to the console."""
 
 from __future__ import annotations
 
