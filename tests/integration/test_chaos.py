@@ -62,6 +62,9 @@ RUNS = {
     # Snapshots every 3 generations: its workers killed after generation 4 or 5, their
     # replacements join from the snapshot of generation 3 and the updates since; decay towards
     # the model's own weights, which a replacement reads from the model, not from the snapshot.
+    # One worker back runs its generations in about a second each here, and under a loaded
+    # machine the second replacement's start has spanned 5 of them (joined at generation 10 of
+    # 10): 20 generations leave the driver's kill room, as SFT's below.
     "eggroll": (
         *TINY_RUN,
         "+experiment=quickstart/eggroll",
@@ -69,6 +72,7 @@ RUNS = {
         "strategy.snapshot_every=3",
         "strategy.weight_decay=0.5",
         "strategy.weight_decay_anchor=start",
+        "generations=20",
     ),
     # eval_every=1: SFT needs its workers only to evaluate, so the first replacement joins at once;
     # with one worker back its generations are short, and under a loaded machine the second
