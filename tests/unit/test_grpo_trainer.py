@@ -203,7 +203,8 @@ def test_trls_loss_on_sampled_rollouts_equals_its_own(tiny_path, loss_type):
     """The same completions through `rollout_func` (a sampler) and through TRL's own generate:
     the same rewards, advantages, loss and gradient norm, and the same steps to float rounding
     (AdamW's first steps are near sign(gradient): rounding in a near-zero gradient moves its
-    element by up to a few 1e-5 of a 2e-2 step)."""
+    element by a part of a step that depends on the CPU: 1.3e-5 (dapo) and 1.7e-4 (dr_grpo) of a
+    2e-2 step on one Xeon, under 1e-4 on another; a wrong rollout moves elements by up to 4e-2)."""
     own = make(tiny_path, settings={"loss_type": loss_type})
     seen = recording(own)
     own_stats = own.train(2)
@@ -214,7 +215,7 @@ def test_trls_loss_on_sampled_rollouts_equals_its_own(tiny_path, loss_type):
     for key in ("loss", "grad_norm"):
         assert sampled_stats[key] == pytest.approx(own_stats[key], rel=1e-6, abs=1e-9), key
     after, before = sampled.trained(), make(tiny_path).trained()
-    assert close(after, own.trained(), atol=1e-4) and not close(after, before, atol=1e-3)
+    assert close(after, own.trained(), atol=5e-4) and not close(after, before, atol=1e-3)
     assert (sampled.tokens_prompt, sampled.tokens_generated) == (own.tokens_prompt, own.tokens_generated)
     # each request: the step's rows (each prompt G times), their own seeds, the policy's adapter as it is then
     order = prompt_order(len(PROMPTS), SETTINGS.prompts_per_step, SETTINGS.seed, 0, 2)
