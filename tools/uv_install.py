@@ -4,11 +4,11 @@ itself where uv is missing or fails.
 uv installs the same pinned versions (constraints.txt) as pip into the same venv, bytecode
 compiled as pip does, in about half the time: `make setup` in a new clone took 88 s with uv's
 cache empty, against 168 s with pip and pip's cache full (2-core CPU machine, 2026-12-01; the
-two venvs' `pip freeze` differ by uv alone). But uv reads none of pip's configuration, where a machine
-keeps its local wheels (find-links: this machine's CPU build of torch), its extra indexes and its
-constraint files; without them uv would fetch a CUDA build of torch from PyPI. So they are read
-from `pip config list` (files and PIP_* variables, as pip resolves them) and passed on, and uv
-weighs every index as pip does (`--index-strategy unsafe-best-match`).
+two venvs' `pip freeze` differ by uv alone). But uv reads none of pip's configuration, where a
+machine keeps its local wheels (find-links: this machine's CPU build of torch), its extra
+indexes and its constraint files; without them uv would fetch a CUDA build of torch from PyPI.
+So they are read from `pip config list` (files and PIP_* variables, as pip resolves them) and
+passed on, and uv weighs every index as pip does (`--index-strategy unsafe-best-match`).
 
     python tools/uv_install.py -c constraints.txt -e ".[cpu,dev]"
 """
