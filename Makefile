@@ -55,7 +55,7 @@ chromium:
 run: setup
 	$(BIN)/evora $(ARGS)
 
-# mypy (one core for about 80 s on a new clone) runs beside pytest, which keeps the other core
+# mypy (one core for about 90 s on a new clone) runs beside pytest, which keeps the other core
 # busy; its report follows pytest's, and the target fails if either does.
 test: setup slurm chromium
 	@# Where PYTHONDONTWRITEBYTECODE is set (as on this machine) no import writes .pyc files: each of

@@ -44,9 +44,7 @@ def pip_settings() -> dict[str, list[str]]:
             value = ast.literal_eval(quoted)
         except (ValueError, SyntaxError):
             continue
-        name = key.rpartition(".")[2]
-        values = settings.setdefault(name, [])
-        values.extend(v for v in str(value).split() if v not in values)
+        settings.setdefault(key.rpartition(".")[2], []).extend(str(value).split())
     return settings
 
 
@@ -55,7 +53,7 @@ def uv_arguments(settings: dict[str, list[str]]) -> list[str]:
     if settings.get(INDEX_URL):
         arguments += ["--index-url", settings[INDEX_URL][-1]]
     for name, option in UV_OPTIONS.items():
-        for value in settings.get(name, []):
+        for value in dict.fromkeys(settings.get(name, [])):  # once each, in pip's order
             arguments += [option, value]
     return arguments
 
