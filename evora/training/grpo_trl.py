@@ -12,10 +12,11 @@ request carries the policy (`RolloutRequest.policy`: the adapter, or the trained
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,13 +72,33 @@ def reward_function(reward: Reward) -> Callable[..., list[float]]:
 
 
 def from_trl(name: str) -> Any:
-    """A trl class, imported only when used (trl pulls W&B and vLLM in, which the pure packages
-    must not), without trl's warning that the installed vLLM is newer than it knows: we never use it."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
+    """A trl class, imported only when used (trl pulls W&B in, which the pure packages must not),
+    with vLLM hidden from trl while it imports (`trl_without_vllm`)."""
+    with trl_without_vllm():
         import trl
 
         return getattr(trl, name)  # trl imports lazily: the attribute is the real import
+
+
+@contextlib.contextmanager
+def trl_without_vllm() -> Iterator[None]:
+    """trl's modules ask `is_vllm_available()` as they import and, where vLLM is installed (evora's
+    engines), import vLLM's client and generation stack: about 3 CPU-s of a GRPO driver's start
+    here, and a warning that the installed vLLM is newer than trl knows. evora never uses trl's own
+    vLLM (rollouts come from its engine workers, `rollout_func`), so trl imports with the check
+    answering no; trl's vLLM classes, which evora never builds, would then refuse to start. Written
+    for trl 1.16 (`trl.import_utils.is_vllm_available`); with another layout trl imports as it
+    would have, and at worst vLLM with it."""
+    import trl.import_utils as trl_imports
+
+    available = trl_imports.is_vllm_available
+    trl_imports.is_vllm_available = lambda min_version=None: False
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
+            yield
+    finally:
+        trl_imports.is_vllm_available = available
 
 
 def rollout_func(prompts: list, trainer: Any) -> dict[str, Any]:

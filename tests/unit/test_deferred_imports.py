@@ -1,6 +1,7 @@
-"""transformers' candidate generator without scikit-learn at import (evora/engines/deferred_imports.py):
-a new process that loads a tokenizer and a model class imports no sklearn, and the generator's
-availability check and roc_curve answer as transformers' own do."""
+"""Imports deferred where evora never uses what they bring. transformers' candidate generator
+without scikit-learn (evora/engines/deferred_imports.py): a new process that loads a tokenizer and
+a model class imports no sklearn, and the generator's availability check and roc_curve answer as
+transformers' own do. trl without its vLLM stack (evora/training/grpo_trl.py)."""
 
 import subprocess
 import sys
@@ -24,3 +25,20 @@ def test_a_process_loads_transformers_without_sklearn_and_assisted_generation_st
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["False", "False", "True", "True", "True"], done.stdout
+
+
+TRL_PROBE = """
+import sys
+from evora.training.grpo_trl import from_trl
+trainer, config = from_trl("GRPOTrainer"), from_trl("GRPOConfig")
+from trl.import_utils import is_vllm_available
+print("vllm" in sys.modules, trainer.__name__, config.__name__, is_vllm_available())
+"""
+
+
+def test_trl_imports_its_trainer_without_vllm_and_gives_back_its_check():
+    """evora/training/grpo_trl.py: trl's vLLM stack stays unimported in a GRPO driver; trl's own
+    question answers truly again afterwards (vLLM is installed here)."""
+    done = subprocess.run([sys.executable, "-c", TRL_PROBE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1].split() == ["False", "GRPOTrainer", "GRPOConfig", "True"], done.stdout
