@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENGINE_ENVIRONMENT, ROOT
+from conftest import ENGINE_ENVIRONMENT, ROOT, shared_head
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("benches")]
 
@@ -28,13 +28,17 @@ BENCH = ROOT / "bench"
 HELPERS = {"bench_model.py", "scale_driver.py", "scale_engine.py"}
 
 
-def run_bench(script: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+def run_bench(script: str, *args: str, timeout: int = 1800, joined: bool = False) -> subprocess.CompletedProcess:
     """`python bench/<script> --smoke <args>` from the repository root; asserts that it exited 0.
-    The timeout only guards against a hang: a smoke of several CLI runs took over 600 s in CI (the
-    rollouts bench, beside the suite's other runs on 2 cores). A bench past it is killed with its
-    whole process group (the CLI runs and local Rays it started), not left running beside the
-    rest of the suite."""
+    `joined`: the bench's CLI runs join this process's shared Ray head (`RAY_ADDRESS`, as a user's
+    runs join a cluster they started), each sparing a Ray start and stop of its own (3.4 CPU-s
+    here). The timeout only guards against a hang: a smoke of several CLI runs took over 600 s in
+    CI (the rollouts bench, beside the suite's other runs on 2 cores). A bench past it is killed
+    with its whole process group (the CLI runs and local Rays it started), not left running beside
+    the rest of the suite."""
     env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}
+    if joined:
+        env.update(shared_head().environ)
     command = [sys.executable, str(BENCH / script), "--smoke", *args]
     started = time.perf_counter()
     with subprocess.Popen(
@@ -214,7 +218,7 @@ def test_gpu_check(tmp_path):
     assert "| check | result | detail | s |" in result.stdout  # the table to paste into a note
 
 
-# The organism benches run whole CLI runs (minutes): a group of their own, beside the others'.
+# The organism benches run whole CLI runs (minutes), joined to the shared head: a group of their own.
 ORGANISM_GROUP = pytest.mark.xdist_group("organism")
 
 
@@ -223,7 +227,7 @@ def organism_es(tmp_path_factory) -> tuple[Path, dict]:
     """organism.py's es at least sizes: (its folder, its row), for test_organism to add to and
     test_grpo_rollouts to match."""
     out = tmp_path_factory.mktemp("organism")
-    run_bench("organism.py", "--strategies", "es", "--out", str(out))
+    run_bench("organism.py", "--strategies", "es", "--out", str(out), joined=True)
     [es] = read(out / "organism.json", {"machine", "rows"})["rows"]
     return out, es
 
@@ -234,7 +238,7 @@ def test_organism(organism_es):
     sizes; the table, its plot and evora compare's files; then that table merged into another."""
     out, es_alone = organism_es
     machine = ("--machine", "the test machine")
-    result = run_bench("organism.py", "--strategies", "sft", "--add", "--out", str(out), *machine)
+    result = run_bench("organism.py", "--strategies", "sft", "--add", "--out", str(out), *machine, joined=True)
     report = read(out / "organism.json", {"machine", "rows"})
     assert [(r["strategy"], r["seed"]) for r in report["rows"]] == [("es", 0), ("sft", 0)]
     es, sft = report["rows"]
@@ -255,7 +259,7 @@ def test_grpo_rollouts(organism_es, tmp_path):
     """GRPO's rollouts both ways, matched to a kept es run (not run again)."""
     es = organism_es[1]
     engine = ("--engine", "hf", "--workers", "1")
-    result = run_bench("grpo_rollouts.py", "--es", es["run"], *engine, "--out", str(tmp_path))
+    result = run_bench("grpo_rollouts.py", "--es", es["run"], *engine, "--out", str(tmp_path), joined=True)
     rollouts = read(tmp_path / "grpo_rollouts.json", {"es", "grpo", "speedup"})
     assert set(rollouts["grpo"]) == {"driver", "engines"} and rollouts["es"]["run"] == es["run"]
     for mode in ("driver", "engines"):
@@ -268,7 +272,7 @@ def test_grpo_rollouts(organism_es, tmp_path):
 @ORGANISM_GROUP
 def test_organism_sweep(tmp_path):
     """An Optuna grid of es's sigma (2 trials at least sizes): its table from the sweep's own summary."""
-    run_bench("organism_sweep.py", "--out", str(tmp_path))
+    run_bench("organism_sweep.py", "--out", str(tmp_path), joined=True)
     [es] = read(tmp_path / "organism_sweep.json", {"machine", "sweeps"})["sweeps"]
     assert sorted(t["values"]["strategy.sigma"] for t in es["trials"]) == [0.05, 0.1]
     assert all(0 <= t["accuracy"] <= 1 for t in es["trials"]) and 0 < es["base"] < 1
