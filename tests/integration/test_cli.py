@@ -240,7 +240,7 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path):
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
     result = run_evora(
         [f"tracking.out_dir={out}", "+experiment=quickstart/es", *SMALL, "generations=2", "engine=hf", "tracking=wandb"]
-        + ["tracking.wandb_mode=offline"],
+        + ["tracking.wandb_mode=offline", "hardware.num_workers=1"],  # W&B is the point, not the pool
         cwd=out,
         env={"WANDB_API_KEY": fake_key},
     )

@@ -266,6 +266,7 @@ def test_an_optuna_study_searches_sigma_and_lr_with_each_trial_an_evora_job():
     out = Path(tempfile.mkdtemp(prefix="evora-test-"))
     result = run_evora(
         ["-m", "+experiment=quickstart/es", *SMALL, "generations=1", "engine=hf", "task.selection_size=0"]
+        + ["hardware.num_workers=1"]  # the sweeper is the point: one engine process a trial
         + ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=maximize"]
         + ["hydra.sweeper.sampler.seed=0", "strategy.sigma=interval(0.1,0.5)", "strategy.lr=interval(0.01,0.1)"]
         + [f"tracking.out_dir={out}"],

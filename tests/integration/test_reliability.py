@@ -111,6 +111,7 @@ def test_a_diverging_update_stops_in_one_line_before_its_checkpoint():
             *SMALL,
             "generations=3",
             "engine=hf",
+            "hardware.num_workers=1",  # the driver's check is the point: one engine process
             "strategy.lr=1e300",
             f"tracking.out_dir={out}",
         ],
