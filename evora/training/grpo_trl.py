@@ -91,14 +91,17 @@ def trl_without_vllm() -> Iterator[None]:
     would have, and at worst vLLM with it."""
     import trl.import_utils as trl_imports
 
-    available = trl_imports.is_vllm_available
-    trl_imports.is_vllm_available = lambda min_version=None: False
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
+    available = vars(trl_imports).get("is_vllm_available")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
+        if available is None:  # another layout
             yield
-    finally:
-        trl_imports.is_vllm_available = available
+            return
+        trl_imports.is_vllm_available = lambda min_version=None: False
+        try:
+            yield
+        finally:
+            trl_imports.is_vllm_available = available
 
 
 def rollout_func(prompts: list, trainer: Any) -> dict[str, Any]:
