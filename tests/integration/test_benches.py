@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENGINE_ENVIRONMENT, ROOT, shared_head
+from conftest import ROOT, cli_environment, shared_head
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("benches")]
 
@@ -36,9 +36,7 @@ def run_bench(script: str, *args: str, timeout: int = 1800, joined: bool = False
     CI (the rollouts bench, beside the suite's other runs on 2 cores). A bench past it is killed
     with its whole process group (the CLI runs and local Rays it started), not left running beside
     the rest of the suite."""
-    env = {k: v for k, v in os.environ.items() if k not in ENGINE_ENVIRONMENT}
-    if joined:
-        env.update(shared_head().environ)
+    env = cli_environment(shared_head().environ if joined else None)
     command = [sys.executable, str(BENCH / script), "--smoke", *args]
     started = time.perf_counter()
     with subprocess.Popen(
